@@ -1,0 +1,142 @@
+"""SymPy printers, one per target, with `_print_<Node>` methods (the SymPy printer design)."""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy.printing.pycode import PythonCodePrinter
+
+
+class TorchPrinter(PythonCodePrinter):
+    """Prints an elementwise SymPy expression as torch code over tensors (and Python scalars)."""
+
+    printmethod = "_torchcode"
+    _FUNCS = {
+        "exp": "torch.exp", "log": "torch.log", "erf": "torch.erf", "tanh": "torch.tanh", "sin": "torch.sin",
+        "cos": "torch.cos", "cosh": "torch.cosh", "sinh": "torch.sinh", "atan": "torch.atan", "Abs": "torch.abs",
+        "sign": "torch.sign", "sigmoid": "torch.sigmoid", "relu": "torch.relu", "asinh": "torch.asinh",
+        "acosh": "torch.acosh", "sqrt": "torch.sqrt",
+    }
+
+    def __init__(self, settings=None):
+        super().__init__(dict(settings or {}, fully_qualified_modules=True, full_prec=True))
+
+    def _print(self, expr, **kwargs):
+        # Constant subexpressions (sqrt(2), pi/4, ...) print as Python floats, never as torch calls.
+        if isinstance(expr, sp.Expr) and expr.is_number and not expr.is_Integer:
+            val = complex(expr.evalf(20))
+            if val.imag != 0:
+                raise NotImplementedError(f"complex constant {expr}")
+            return repr(val.real)
+        return super()._print(expr, **kwargs)
+
+    def _fn(self, expr, name):
+        return f"{name}({', '.join(self._print(a) for a in expr.args)})"
+
+    def _print_Function(self, expr):
+        name = type(expr).__name__
+        if name in self._FUNCS:
+            return self._fn(expr, self._FUNCS[name])
+        raise NotImplementedError(f"TorchPrinter: no rule for function {name}")
+
+    _print_exp = _print_log = _print_erf = _print_tanh = _print_sin = _print_cos = _print_Function
+    _print_cosh = _print_sinh = _print_atan = _print_Abs = _print_sign = _print_Function
+    _print_sigmoid = _print_relu = _print_asinh = _print_acosh = _print_Function
+
+    def _print_step(self, expr):
+        arg = self._print(expr.args[0])
+        return f"torch.heaviside({arg}, torch.zeros_like({arg}))"
+
+    def _print_spow(self, expr):
+        x, a = expr.args
+        px = self._print(x)
+        return f"(torch.sign({px}) * torch.abs({px}) ** {self._print(a)})"
+
+    def _print_apow(self, expr):
+        x, a = expr.args
+        return f"(torch.abs({self._print(x)}) ** {self._print(a)})"
+
+    def _print_Max(self, expr):
+        nums = [a for a in expr.args if a.is_number]
+        rest = [a for a in expr.args if not a.is_number]
+        if len(nums) == 1 and len(rest) == 1:
+            return f"torch.clamp_min({self._print(rest[0])}, {self._print(nums[0])})"
+        out = self._print(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"torch.maximum({out}, {self._print(a)})"
+        return out
+
+    def _print_Min(self, expr):
+        nums = [a for a in expr.args if a.is_number]
+        rest = [a for a in expr.args if not a.is_number]
+        if len(nums) == 1 and len(rest) == 1:
+            return f"torch.clamp_max({self._print(rest[0])}, {self._print(nums[0])})"
+        out = self._print(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"torch.minimum({out}, {self._print(a)})"
+        return out
+
+    def _print_Piecewise(self, expr):
+        *branches, (last, cond) = expr.args
+        if cond is not sp.true:
+            raise NotImplementedError("Piecewise without a default branch")
+        out = self._print(last)
+        for val, c in reversed(branches):
+            out = f"torch.where({self._print(c)}, {self._print(val)}, {out})"
+        return out
+
+    def _print_Relational(self, expr):
+        op = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}[expr.rel_op]
+        return f"({self._print(expr.lhs)} {op} {self._print(expr.rhs)})"
+
+    def _print_And(self, expr):
+        return " & ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Or(self, expr):
+        return " | ".join(f"({self._print(a)})" for a in expr.args)
+
+    def _print_Pow(self, expr, rational=False):
+        base, ex = expr.args
+        b = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Pow"])
+        if ex == sp.Rational(1, 2):
+            return f"torch.sqrt({self._print(base)})"
+        if ex == -sp.Rational(1, 2):
+            return f"torch.rsqrt({self._print(base)})"
+        if ex == -1:
+            return f"(1 / {b})"
+        if ex == 2:
+            return f"({b} * {b})" if base.is_Symbol else f"{b} ** 2"
+        return f"{b} ** {self._print(ex) if ex.is_Integer else repr(float(ex))}"
+
+    def _print_Float(self, expr):
+        return repr(float(expr))
+
+    def _print_Rational(self, expr):
+        return repr(float(expr))
+
+    def _print_Half(self, expr):
+        return "0.5"
+
+    def _print_Exp1(self, expr):
+        return repr(float(sp.E))
+
+    def _print_Pi(self, expr):
+        return repr(float(sp.pi))
+
+    def _print_ImaginaryUnit(self, expr):
+        raise NotImplementedError("complex values are not supported")
+
+
+def print_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: str = "_t") -> list[str]:
+    """CSE the expressions together and print `name = code` lines (SSA, fresh temporaries)."""
+    outs = list(exprs)
+    rename = {s: sp.Symbol(n, **s.assumptions0) for s, n in names.items()}
+    vals = [exprs[o].xreplace(rename) for o in outs]
+    repl, reduced = sp.cse(vals, symbols=sp.numbered_symbols(prefix), order="canonical")
+    p = TorchPrinter()
+    lines = [f"{s} = {p.doprint(ex)}" for s, ex in repl]
+    lines += [f"{o} = {p.doprint(ex)}" for o, ex in zip(outs, reduced)]
+    return lines
+
+
+def latex(expr: sp.Expr) -> str:
+    return sp.latex(expr)

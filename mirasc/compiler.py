@@ -1,0 +1,92 @@
+"""The driver: spec text -> Spec -> Derivation -> IR -> emitted module text (and module object)."""
+
+from __future__ import annotations
+
+import hashlib
+import types
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import derive as D
+from . import frontend, ir
+from . import spec as S
+from .codegen import torch_backend
+
+
+@dataclass
+class Compiled:
+    spec: S.Spec
+    derivation: D.Derivation
+    forward: ir.Graph | None
+    grad: ir.Graph | None
+    source: str
+
+    def dump_ir(self) -> str:
+        if self.forward is None:
+            return f"# {self.spec.name}: nonparametric memory, no update-step graph\n"
+        return ir.dump(self.forward) + "\n\n" + ir.dump(self.grad) + "\n"
+
+
+def compile_text(text: str, path: str = "<spec>") -> Compiled:
+    spec = frontend.parse_text(text, path)
+    return compile_parsed(spec, text, path)
+
+
+def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
+    try:
+        d = D.derive(spec)
+    except D.DerivationError as err:
+        raise _locate(err, text, path) from None
+    if not spec.parametric:
+        from .codegen import attention_backend
+        return Compiled(spec, d, None, None, attention_backend.emit(spec, d))
+    fwd, grad = ir.compile_graphs(spec, d)
+    return Compiled(spec, d, fwd, grad, torch_backend.emit(spec, d, fwd, grad))
+
+
+def _locate(err: D.DerivationError, text: str, path: str) -> frontend.SpecError:
+    """Point a derivation error at the spec field (and parameter) it concerns."""
+    line_no, col = 1, 1
+    for i, line in enumerate(text.splitlines(), 1):
+        stripped = line.split("#", 1)[0]
+        head = stripped.lstrip()
+        if head.startswith(err.field) and head[len(err.field):].lstrip().startswith("="):
+            line_no = i
+            col = stripped.index("=") + 2 + (len(stripped[stripped.index("=") + 1:]) -
+                                             len(stripped[stripped.index("=") + 1:].lstrip()))
+            if err.param and f"{err.param}" in stripped:
+                col = stripped.index(err.param) + 1
+            break
+    return frontend.SpecError(path, line_no, col, err.message)
+
+
+_CACHE: dict[str, types.ModuleType] = {}
+
+
+def load_source(source: str, name: str) -> types.ModuleType:
+    """Execute emitted source as a fresh module object (cached by source hash)."""
+    key = hashlib.sha256(source.encode()).hexdigest()
+    if key in _CACHE:
+        return _CACHE[key]
+    module = types.ModuleType(f"mirasc_generated_{name}")
+    module.__file__ = f"<mirasc:{name}>"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    _CACHE[key] = module
+    return module
+
+
+def compile_spec(text_or_path: str | Path) -> types.ModuleType:
+    """Compile a spec (text, or a path to a .miras file) and return the emitted module, in-process."""
+    text, path = _read(text_or_path)
+    compiled = compile_text(text, path)
+    return load_source(compiled.source, compiled.spec.name)
+
+
+def _read(text_or_path: str | Path) -> tuple[str, str]:
+    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
+        p = Path(text_or_path)
+        try:
+            return p.read_text(encoding="utf-8"), str(p)
+        except (OSError, UnicodeDecodeError) as err:
+            raise frontend.SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
+    return str(text_or_path), "<spec>"

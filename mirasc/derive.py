@@ -1,0 +1,265 @@
+"""Symbolic derivation (SymPy): from the spec's choices to the elementwise pieces of the update rule.
+
+What is derived here:
+  * the attentional bias as a loss in the residual e = M(k) - v, and dℓ/dy, its derivative with
+    respect to the memory output (elementwise; the Huber mixture also reads the row norm ‖e‖);
+  * for `implicit`, the proximal step: e* solves e* + c·ℓ'(e*) = e with c = η‖k‖², and the
+    update uses ℓ'(e*) (the gradient of the Moreau envelope), per Piecewise branch;
+  * each activation and its derivative;
+  * the retention maps: elastic's soft threshold, Bregman's φ' and (φ')⁻¹ by symbolic inversion.
+The chain rule through the memory (matmuls, LayerNorm, residual) is assembled as a graph in ir.py.
+No blind simplify(): only diff, targeted solve and cse at print time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from . import spec as S
+from .primitives import apow, relu, sigmoid, spow, step
+
+# Symbols shared by the derivation, the IR and the printers.
+e = sp.Symbol("e", real=True)          # residual M(k) - v, one coordinate
+v = sp.Symbol("v", real=True)          # target value, one coordinate
+y = sp.Symbol("y", real=True)          # memory output, one coordinate
+enorm = sp.Symbol("enorm", nonnegative=True)   # ‖e‖₂ of the token's residual
+delta = sp.Symbol("delta", positive=True)      # Huber threshold
+cprox = sp.Symbol("c", nonnegative=True)       # η‖k‖² in the proximal step
+x = sp.Symbol("x", real=True)          # activation input
+w = sp.Symbol("w", real=True)          # a weight entry (Bregman potential)
+a = sp.Symbol("a", real=True)          # an accumulator entry
+u = sp.Symbol("u", real=True)          # a dual coordinate φ'(w)
+
+
+class DerivationError(Exception):
+    """A spec whose mathematics has no usable closed form; `field`/`param` locate it in the spec."""
+
+    def __init__(self, field: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.field, self.message, self.param = field, message, param
+
+
+@dataclass
+class Derivation:
+    spec: S.Spec
+    loss: sp.Expr | None = None          # ℓ as a function of e (per coordinate) — for documentation
+    loss_text: str = ""
+    dloss: sp.Expr | None = None         # dℓ/dy per coordinate, in e, v, enorm, delta, c
+    act: sp.Expr | None = None
+    act_grad: sp.Expr | None = None
+    elastic: sp.Expr | None = None       # W = shrink(A)
+    phi: sp.Expr | None = None
+    phi_prime: sp.Expr | None = None     # u = φ'(w)
+    phi_prime_inv: sp.Expr | None = None  # w = (φ')⁻¹(u)
+    positive_domain: bool = False        # weights must stay > 0 (kl, Bregman potentials defined on w > 0)
+    equations: list[tuple[str, sp.Expr | str]] = field(default_factory=list)
+
+
+def coef(value, gate_symbol: sp.Symbol) -> sp.Expr:
+    return gate_symbol if value == S.GATE else sp.Float(value)
+
+
+def derive(spec: S.Spec) -> Derivation:
+    d = Derivation(spec)
+    if not spec.parametric:
+        return d
+    _derive_bias(spec, d)
+    _derive_memory(spec, d)
+    _derive_retention(spec, d)
+    return d
+
+
+# ------------------------------------------------------------------------------------ bias
+def _derive_bias(spec: S.Spec, d: Derivation) -> None:
+    b = spec.bias
+    dl = None
+    if b.kind == "dot":
+        d.loss_text = "ℓ = -⟨M(k), v⟩"
+        d.loss = -y * v
+        dl = -v
+    elif b.kind == "l2":
+        d.loss_text = "ℓ = ½‖e‖²"
+        d.loss = e**2 / 2
+    elif b.kind == "lp":
+        p, eps = sp.nsimplify(b.p), sp.Float(b.eps) if b.eps else sp.Integer(0)
+        d.loss = apow(e, p) / p if eps == 0 else (e**2 + eps) ** (p / 2) / p
+        d.loss_text = f"ℓ = (1/p) Σᵢ (eᵢ² + eps)^(p/2), p = {S.format_value(b.p)}, eps = {S.format_value(b.eps)}"
+    elif b.kind == "huber":
+        dlt = coef(b.delta, delta)
+        if b.mode == "coordinate":
+            d.loss = sp.Piecewise((e**2 / 2, sp.Abs(e) <= dlt), (dlt * (sp.Abs(e) - dlt / 2), True))
+            d.loss_text = "ℓ = Σᵢ H_δ(eᵢ),  H_δ(a) = ½a² if |a| ≤ δ else δ(|a| − ½δ)"
+        else:
+            d.loss_text = "∇ℓ = ∇½‖e‖² if ‖e‖₂ ≤ δ else δ·∇Σᵢ|eᵢ|   (Yaad's smooth mixture)"
+            dl = sp.Piecewise((e, enorm <= dlt), (dlt * sp.sign(e), True))
+    elif b.kind == "custom":
+        d.loss = b.loss.subs(sp.Symbol("e", real=True), e)
+        d.loss_text = f"ℓ = Σᵢ f(eᵢ),  f(e) = {d.loss}"
+    if dl is None:
+        dl = sp.diff(d.loss, e)
+    if spec.learner.kind == "implicit":
+        dl = _proximal(dl, d)
+    _check_printable(dl, "bias", "the loss derivative")
+    d.dloss = dl
+    d.equations.append(("∂ℓ/∂y", dl))
+
+
+def _proximal(dl: sp.Expr, d: Derivation) -> sp.Expr:
+    """ℓ'(e*) where e* = prox_{c·ℓ}(e), i.e. e* + c·ℓ'(e*) = e, solved per Piecewise branch."""
+    if not dl.has(e):
+        return dl  # dot: the proximal step equals the gradient step
+    es = sp.Symbol("e_star", real=True)
+    branches = dl.args if isinstance(dl, sp.Piecewise) else ((dl, sp.true),)
+    out = []
+    for expr, cond in branches:
+        # The proximal map of a symmetric loss keeps the sign: sign(e*) = sign(e).
+        eq = es + cprox * expr.subs(e, es).subs(sp.sign(es), sp.sign(e)) - e
+        sols = sp.solve(eq, es)
+        if len(sols) != 1:
+            raise DerivationError("learner", "`implicit`: no unique closed-form proximal step for this bias")
+        sol = sols[0]
+        value = expr.subs(e, sol).subs(sp.sign(sol), sp.sign(e))
+        if cond is not sp.true:
+            cond = cond.subs(e, sol)
+            _, den = sp.fraction(sp.together(sol))
+            if den.is_positive and isinstance(cond, sp.core.relational.Relational):
+                # |e/(1+c)| <= δ  ->  |e| <= δ(1+c): clear the positive denominator.
+                cond = cond.func(cond.lhs * den, cond.rhs * den)
+        out.append((value, cond))
+    return out[0][0] if len(out) == 1 else sp.Piecewise(*out)
+
+
+def _check_printable(expr: sp.Expr, field: str, what: str) -> None:
+    bad = [t for t in (sp.DiracDelta, sp.Derivative, sp.Subs, sp.Integral) if expr.has(t)]
+    if bad:
+        raise DerivationError(field, f"{what} contains {bad[0].__name__}; the loss is not differentiable in "
+                              "closed form (write a smooth version, e.g. sqrt(e^2 + 1e-6) for |e|)")
+    args = {s: 0.3 for s in expr.free_symbols}
+    for probe in (-1.7, -0.25, 0.0, 0.4, 2.3):
+        vals = {**args, e: probe, enorm: abs(probe) + 0.1}
+        try:
+            val = complex(expr.subs(vals).evalf())
+        except (TypeError, ValueError, ZeroDivisionError):
+            val = complex("nan")
+        if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
+            raise DerivationError(field, f"{what} is not finite and real at e = {probe} (it evaluates to "
+                                  f"{expr.subs(vals)}); the loss must be differentiable on the whole real line")
+
+
+# ---------------------------------------------------------------------------------- memory
+ACTIVATIONS = {
+    "gelu": x / 2 * (1 + sp.erf(x / sp.sqrt(2))),
+    "silu": x * sigmoid(x),
+    "relu": relu(x),
+    "tanh": sp.tanh(x),
+    "identity": x,
+}
+
+
+def _derive_memory(spec: S.Spec, d: Derivation) -> None:
+    if spec.memory.kind == "mlp":
+        d.act = ACTIVATIONS[spec.memory.act]
+        d.act_grad = sp.diff(d.act, x)
+        d.equations.append((f"{spec.memory.act}(x)", d.act))
+        d.equations.append((f"{spec.memory.act}'(x)", d.act_grad))
+
+
+# ------------------------------------------------------------------------------- retention
+def _derive_retention(spec: S.Spec, d: Derivation) -> None:
+    r = spec.retention
+    if r.kind == "kl":
+        d.positive_domain = True
+    elif r.kind == "elastic":
+        lam = sp.Float(r.lam)
+        d.elastic = sp.sign(a) * sp.Max(sp.Abs(a) - lam, 0)
+        d.equations.append(("W = shrink(A)", d.elastic))
+    elif r.kind == "bregman":
+        _derive_bregman(r.phi.subs(sp.Symbol("w", real=True), w), d)
+
+
+def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
+    d.phi = phi
+    dphi = sp.diff(phi, w)
+    d2phi = sp.diff(dphi, w)
+    # Domain: the whole line, or w > 0 when φ' is not real for w <= 0 (e.g. w log w).
+    d.positive_domain = not _real_at(dphi, [-0.7, 0.0])
+    samples = [0.05, 0.3, 1.0, 2.5] if d.positive_domain else [-2.0, -0.4, 0.0, 0.6, 1.9]
+    for s in samples:
+        if s == 0.0 and not _real_at(d2phi, [0.0]):
+            continue
+        val = _num(d2phi, s)
+        if val is None or not val > 0:
+            raise DerivationError("retention", f"bregman: φ must be strictly convex (φ'' > 0), but φ''({s}) = "
+                                  f"{d2phi.subs(w, s)}; e.g. phi = w^2/2, w*log(w), cosh(w)", param="phi")
+    sols = []
+    try:
+        sols = sp.solve(sp.Eq(dphi, u), w)
+    except (NotImplementedError, ValueError, TypeError):
+        sols = []
+    chosen = None
+    for sol in sols:
+        sol = _stable(_real_odd_roots(sol))
+        ok = True
+        for s in samples:
+            target = _num(dphi, s)
+            back = _num(sol.subs(u, target), None) if target is not None else None
+            if back is None or abs(back - s) > 1e-7 * max(1.0, abs(s)):
+                ok = False
+                break
+        if ok:
+            chosen = sol
+            break
+    if chosen is None:
+        raise DerivationError("retention", f"bregman: cannot invert φ'(w) = {dphi} in closed form; choose a "
+                              "potential whose derivative SymPy can invert (e.g. w*log(w), w^4/4, cosh(w))",
+                              param="phi")
+    d.phi_prime, d.phi_prime_inv = dphi, chosen
+    d.equations.append(("φ(w)", phi))
+    d.equations.append(("φ'(w)", dphi))
+    d.equations.append(("(φ')⁻¹(u)", chosen))
+
+
+_X = sp.Wild("X")
+# Rewrite rules (as data) for numerically unstable closed forms SymPy's solve() returns.
+STABLE_FORMS = [
+    (sp.log(_X + sp.sqrt(_X**2 + 1)), sp.asinh(_X)),     # cancels for large negative X
+    (sp.log(_X + sp.sqrt(_X**2 - 1)), sp.acosh(_X)),
+]
+
+
+def _stable(expr: sp.Expr) -> sp.Expr:
+    for pattern, replacement in STABLE_FORMS:
+        expr = expr.replace(pattern, replacement)
+    return expr
+
+
+def _real_odd_roots(expr: sp.Expr) -> sp.Expr:
+    """u**(1/3) is complex for u < 0 in SymPy; the real inverse of an odd power is sign(u)|u|^(1/3)."""
+    def repl(p):
+        base, ex = p.args
+        if ex.is_Rational and ex.q % 2 == 1 and ex.p % 2 == 1 and not ex.is_integer:
+            return spow(base, ex)
+        return p
+    return expr.replace(lambda t: isinstance(t, sp.Pow) and t.args[1].is_Rational, repl)
+
+
+def _num(expr: sp.Expr, at: float | None):
+    try:
+        val = complex((expr.subs(w, at) if at is not None else expr).evalf())
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    if not math.isfinite(val.real) or abs(val.imag) > 1e-9:
+        return None
+    return val.real
+
+
+def _real_at(expr: sp.Expr, points) -> bool:
+    return all(_num(expr, p) is not None for p in points)
+
+
+# Re-exported for printers.
+__all__ = ["Derivation", "DerivationError", "derive", "e", "v", "y", "enorm", "delta", "cprox", "x", "w", "a", "u",
+           "spow", "apow", "step", "sigmoid", "relu"]

@@ -1,0 +1,75 @@
+"""Human-readable derived equations (Unicode or LaTeX): `mirasc explain`, and the emitted docstring."""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from . import spec as S
+from .derive import Derivation
+
+
+def _sym(value, gate: str) -> str:
+    return f"{gate}_t" if value == S.GATE else S.format_value(value)
+
+
+def _show(expr, latex: bool) -> str:
+    if isinstance(expr, str):
+        return expr
+    return f"${sp.latex(expr)}$" if latex else sp.sstr(expr)
+
+
+def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
+    """The update rule of one token, step by step (CONTRACT §3), with the derived pieces."""
+    m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
+    out: list[str] = []
+    if not spec.parametric:
+        scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
+        out.append(f"κ(q, k) = exp(scale·q·k), scale = {scale}")
+        out.append("o_t = Σ_{s≤t} κ(q_t, k_s) v_s / Σ_{s≤t} κ(q_t, k_s)   (Nadaraya–Watson, causal)")
+        return out
+    if m.kind == "linear":
+        out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
+    else:
+        layers = " → ".join([f"h{i} = {m.act}(W{i} h{i - 1})" for i in range(1, m.depth)] + [f"y = W{m.depth} h{m.depth - 1}"])
+        norm = ", y ← LayerNorm(y)" if m.norm == "layernorm" else ""
+        res = ", M(x) = x + y" if m.residual else ", M(x) = y"
+        out.append(f"memory:     h0 = x, {layers}{norm}{res}")
+    out.append(f"bias:       {d.loss_text}")
+    out.append(f"derived:    ∂ℓ/∂y = {_show(d.dloss, latex)}" + ("   (e = M(k) − v)" if d.dloss.has(sp.Symbol('e', real=True)) else ""))
+    if l.kind == "implicit":
+        out.append("            implicit step: e* = prox_{cℓ}(e), c = η_t‖k_t‖², ∂ℓ/∂y evaluated at e*")
+    if m.kind == "mlp":
+        out.append(f"derived:    {m.act}'(x) = {_show(d.act_grad, latex)}")
+        out.append("chain rule: ∇_{W_i} ℓ = δ_i h_{i−1}ᵀ, δ_L = LayerNorm'ᵀ ∂ℓ/∂y, δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
+    at = "W_{t−1}"
+    if par.kind == "minibatch":
+        at = f"the anchor state (end of the previous chunk of {par.C})"
+    if r.kind == "decay" and r.order == "pre":
+        out.append(f"pre-decay:  W'_{{t−1}} = {_sym(r.alpha, 'α')}·W_{{t−1}}")
+        at = "W'_{t−1}"
+    out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
+    eta = _sym(l.lr, "η") if hasattr(l, "lr") else "1"
+    if l.kind == "momentum":
+        out.append(f"learner:    S_t = {_sym(l.theta, 'θ')}·S_{{t−1}} − {eta}·g_t,  U_t = S_t")
+    else:
+        out.append(f"learner:    U_t = −{eta}·g_t")
+    if r.kind == "none":
+        out.append("retention:  W_t = W_{t−1} + U_t")
+    elif r.kind == "decay":
+        if r.order == "pre":
+            out.append("retention:  W_t = W'_{t−1} + U_t")
+        else:
+            out.append(f"retention:  W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t")
+    elif r.kind == "lq":
+        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
+                   f"q = {S.format_value(r.q)}")
+    elif r.kind == "kl":
+        out.append(f"retention:  W_t = c·softmax({_sym(r.alpha, 'α')}·log W_{{t−1}} + U_t), c = {S.format_value(r.c)}"
+                   "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))")
+    elif r.kind == "elastic":
+        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = {_show(d.elastic, latex)} at a = A_t")
+    elif r.kind == "bregman":
+        out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
+        out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
+    out.append("read:       o_t = M_{W_t}(q_t)")
+    return out

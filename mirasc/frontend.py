@@ -1,0 +1,304 @@
+"""Front end: `.miras` text -> validated `Spec`, or a located `SpecError`.
+
+Every error is `path:line:col: what is wrong; what would be right`. No input, however malformed,
+may escape as a Python traceback: lark errors, pydantic errors and sympy errors are all mapped here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+import sympy as sp
+from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from pydantic import ValidationError
+
+from . import spec as S
+from .primitives import EXPRESSION_FUNCTIONS, apow
+
+_PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True)
+
+
+class SpecError(Exception):
+    """A bad spec: carries the location and a message that says what would be accepted."""
+
+    def __init__(self, path: str, line: int, col: int, message: str):
+        super().__init__(f"{path}:{line}:{col}: {message}")
+        self.path, self.line, self.col, self.message = path, line, col, message
+
+
+@dataclass(frozen=True)
+class Pos:
+    line: int
+    col: int
+
+
+def _pos(node) -> Pos:
+    if isinstance(node, Token):
+        return Pos(node.line or 1, node.column or 1)
+    meta = node.meta
+    return Pos(getattr(meta, "line", 1) or 1, getattr(meta, "column", 1) or 1)
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def _one_of(choices) -> str:
+    return ", ".join(f"`{c}`" for c in choices)
+
+
+TOKEN_NAMES = {"NAME": "a name", "NUMBER": "a number", "LBRACE": "`{`", "RBRACE": "`}`", "LPAR": "`(`",
+               "RPAR": "`)`", "EQUAL": "`=`", "COMMA": "`,`", "_SEP": "`;` or `,`", "MODEL": "`model`",
+               "$END": "end of file", "PLUS": "`+`", "MINUS": "`-`", "STAR": "`*`", "SLASH": "`/`", "_POW": "`^`"}
+
+
+def _describe_expected(expected) -> str:
+    names = sorted({TOKEN_NAMES.get(t, t) for t in expected})
+    return ", ".join(names)
+
+
+def parse_text(text: str, path: str = "<spec>") -> S.Spec:
+    """Parse and validate spec text. Raises SpecError."""
+    try:
+        tree = _PARSER.parse(text)
+    except UnexpectedInput as err:
+        raise _syntax_error(err, text, path) from None
+    return _Builder(path).build(tree)
+
+
+def parse_file(path: str | Path) -> S.Spec:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError(str(path), 1, 1, f"cannot read spec file: {err.__class__.__name__}: {err}") from None
+    return parse_text(text, str(path))
+
+
+def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
+    line, col = getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1
+    if line < 1 or col < 1:  # lark reports -1 at end of input
+        lines = text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+    if isinstance(err, UnexpectedCharacters):
+        ch = text[err.pos_in_stream] if 0 <= err.pos_in_stream < len(text) else "?"
+        return SpecError(path, line, col, f"unexpected character {ch!r}; a spec uses names, numbers, "
+                         "`= ( ) { } , ;` and the operators `+ - * / ^` inside expressions")
+    if isinstance(err, UnexpectedEOF):
+        return SpecError(path, line, col, "unexpected end of file; expected "
+                         f"{_describe_expected(err.expected)} (is a `}}` or `)` missing?)")
+    if isinstance(err, UnexpectedToken):
+        tok = err.token
+        got = "end of file" if tok.type == "$END" else f"`{tok}`"
+        hint = ""
+        if tok.type == "$END":
+            hint = " (is a closing `}` missing?)"
+        elif not text.lstrip().startswith("model") and line == _first_code_line(text):
+            hint = "; a spec starts with `model NAME {`"
+        return SpecError(path, line, col, f"unexpected {got}; expected {_describe_expected(err.expected)}{hint}")
+    return SpecError(path, line, col, f"syntax error: {err}")
+
+
+def _first_code_line(text: str) -> int:
+    for i, raw in enumerate(text.splitlines(), 1):
+        s = raw.strip()
+        if s and not s.startswith("#"):
+            return i
+    return 1
+
+
+class _Builder:
+    """Walks the parse tree into pydantic forms, reporting every problem at its position."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, node, message: str) -> SpecError:
+        p = _pos(node)
+        return SpecError(self.path, p.line, p.col, message)
+
+    def build(self, tree: Tree) -> S.Spec:
+        model = tree.children[0]
+        name_tok, *fields = model.children
+        seen: dict[str, Tree] = {}
+        values: dict[str, S.Form] = {}
+        for f in fields:
+            key_tok, form = f.children
+            key = str(key_tok)
+            if key not in S.VOCABULARY:
+                raise self.err(key_tok, f"unknown field `{key}`{suggest(key, S.FIELDS)}; "
+                               f"fields are {_one_of(S.FIELDS)}")
+            if key in seen:
+                p = _pos(seen[key])
+                raise self.err(key_tok, f"field `{key}` given twice (first at line {p.line})")
+            seen[key] = f
+            values[key] = self.form(key, form)
+        for key in S.FIELDS:
+            if key in values:
+                continue
+            if key in ("memory", "bias") and not (key == "bias" and values.get("memory", S.Linear()).kind
+                                                  == "nonparametric"):
+                raise self.err(model.children[0], f"model `{name_tok}` has no `{key}` field; add e.g. "
+                               f"`{key} = {'linear' if key == 'memory' else 'l2'}`")
+            if key == "bias":
+                values[key] = S.L2()
+            elif values["memory"].kind == "nonparametric" and key == "learner":
+                values[key] = S.NonparametricLearner()
+            else:
+                values[key] = S.FIELD_DEFAULTS[key]
+        spec = S.Spec(name=str(name_tok), **values)
+        try:
+            S.check_combination(spec)
+        except S.Rejection as rej:
+            node = seen.get(rej.field)
+            target = node.children[1] if node is not None else model.children[0]
+            if node is not None and rej.param:
+                target = self._find_arg(node.children[1], rej.param) or target
+            raise self.err(target, f"illegal combination: {rej.message}") from None
+        return spec
+
+    @staticmethod
+    def _find_arg(form: Tree, param: str):
+        if form.data != "call_form":
+            return None
+        for a in form.children[1:]:
+            if a is not None and a.data == "kwarg" and str(a.children[0]) == param:
+                return a
+        return None
+
+    def form(self, field: str, node: Tree) -> S.Form:
+        name_tok = node.children[0]
+        name = str(name_tok)
+        forms = S.VOCABULARY[field]
+        if name not in forms:
+            raise self.err(name_tok, f"unknown {field} `{name}`{suggest(name, forms)}; "
+                           f"accepted: {_one_of(forms)}")
+        cls = forms[name]
+        params = S.params_of(cls)
+        kwargs: dict[str, object] = {}
+        where: dict[str, object] = {}
+        args = [a for a in node.children[1:] if a is not None] if node.data == "call_form" else []
+        positional_done = False
+        for i, a in enumerate(args):
+            if a.data == "kwarg":
+                positional_done = True
+                key_tok, expr = a.children
+                key = str(key_tok)
+                if key not in params:
+                    accepted = _one_of(params) if params else "none"
+                    raise self.err(key_tok, f"`{name}` has no parameter `{key}`{suggest(key, params)}; "
+                                   f"its parameters: {accepted}")
+            else:
+                if positional_done:
+                    raise self.err(a, "a positional argument cannot follow a keyword argument")
+                if i >= len(params):
+                    raise self.err(a, f"`{name}` takes at most {len(params)} argument(s) "
+                                   f"({_one_of(params) if params else 'none'})")
+                key, expr = params[i], a.children[0]
+            if key in kwargs:
+                raise self.err(a, f"parameter `{key}` of `{name}` given twice")
+            kwargs[key] = self.value(field, name, key, expr)
+            where[key] = expr
+        try:
+            return cls(**kwargs)
+        except ValidationError as ve:
+            first = ve.errors()[0]
+            loc = first.get("loc", ())
+            key = str(loc[0]) if loc else ""
+            target = where.get(key, name_tok)
+            if first.get("type") == "missing":
+                raise self.err(name_tok, f"`{name}` needs parameter `{key}`, e.g. `{name}({key}=...)`") from None
+            raise self.err(target, f"bad value for `{name}({key}=...)`: {_explain(cls, key, first)}") from None
+
+    def value(self, field: str, form: str, param: str, expr: Tree):
+        """A literal argument: number, identifier, true/false, or (for expression params) an expression."""
+        symbol = S.EXPRESSION_PARAMS.get((field, form, param))
+        if symbol is not None:
+            return self.expression(expr, symbol)
+        if expr.data == "number":
+            return float(expr.children[0])
+        if expr.data == "neg" and expr.children[0].data == "number":
+            return -float(expr.children[0].children[0])
+        if expr.data == "name":
+            word = str(expr.children[0])
+            if word in ("true", "false"):
+                return word == "true"
+            return word
+        raise self.err(expr, f"`{form}({param}=...)` takes a number, a name, `gate` or true/false, "
+                       "not an expression")
+
+    def expression(self, node: Tree, symbol: str) -> sp.Expr:
+        x = sp.Symbol(symbol, real=True)
+
+        def walk(n):
+            d = n.data
+            if d == "number":
+                return sp.Float(str(n.children[0])) if any(c in str(n.children[0]) for c in ".eE") \
+                    else sp.Integer(str(n.children[0]))
+            if d == "name":
+                word = str(n.children[0])
+                if word == symbol:
+                    return x
+                if word == "pi":
+                    return sp.pi
+                raise self.err(n, f"unknown name `{word}` in expression{suggest(word, [symbol, 'pi'])}; "
+                               f"the expression may use `{symbol}`, numbers, `pi` and the functions "
+                               f"{_one_of(sorted(EXPRESSION_FUNCTIONS))}")
+            if d == "func":
+                fn = str(n.children[0])
+                if fn not in EXPRESSION_FUNCTIONS:
+                    raise self.err(n, f"unknown function `{fn}`{suggest(fn, EXPRESSION_FUNCTIONS)}; "
+                                   f"accepted: {_one_of(sorted(EXPRESSION_FUNCTIONS))}")
+                return EXPRESSION_FUNCTIONS[fn](walk(n.children[1]))
+            a = [walk(c) for c in n.children]
+            if d == "add":
+                return a[0] + a[1]
+            if d == "sub":
+                return a[0] - a[1]
+            if d == "mul":
+                return a[0] * a[1]
+            if d == "div":
+                if a[1] == 0:
+                    raise self.err(n, "division by zero in expression")
+                return a[0] / a[1]
+            if d == "neg":
+                return -a[0]
+            if d == "pow":
+                base, exponent = a
+                if exponent.free_symbols:
+                    raise self.err(n, "exponents must be constants")
+                # |x|^p is written with a primitive whose derivative p*sign(x)|x|^(p-1) is finite at 0.
+                if isinstance(base, apow):
+                    return apow(base.args[0], base.args[1] * exponent)
+                return base ** exponent
+            raise self.err(n, f"unsupported expression form `{d}`")
+
+        try:
+            expr = walk(node)
+        except SpecError:
+            raise
+        except (TypeError, ValueError, ZeroDivisionError, RecursionError) as err:
+            raise self.err(node, f"cannot build expression: {err}") from None
+        if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
+            raise self.err(node, "expression is not finite")
+        return expr
+
+
+def _explain(cls, key: str, err: dict) -> str:
+    field = cls.model_fields.get(key)
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "literal_error" and field is not None:
+        return f"{msg}"
+    constraints = []
+    if field is not None:
+        for m in field.metadata:
+            for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+                if getattr(m, attr, None) is not None:
+                    constraints.append(f"{sym} {getattr(m, attr)}")
+    rng = f" (accepted: {' and '.join(constraints)})" if constraints else ""
+    if field is not None and field.annotation is not None and "gate" in str(field.annotation):
+        rng += "; write a number or `gate`"
+    return f"{msg}{rng}"

@@ -1,0 +1,341 @@
+"""The dataflow IR: one small node type in a networkx graph, a verifier, and named passes.
+
+Two graphs are built per parametric spec:
+  * `memory_forward`: y = M(x) with each weight matmul abstracted as `layer[i](h)`, so the same
+    graph prints the plain read (h @ W_iᵀ) and the chunked dual form (masked matmuls);
+  * `memory_grad`: the per-token gradient factors at given weights: for each weight W_i the pair
+    (δ_i, x_i) with ∇_{W_i} ℓ = δ_i x_iᵀ, obtained by the chain rule through the memory: forward on
+    k, residual e, dℓ/dy from the derivation, then back through residual, LayerNorm, activations.
+Token tensors are [B, H, N, D] (N = 1 for the recurrent step, N = C for a mini-batch chunk).
+
+Passes (PIPELINE) run in order with the verifier between them: CSE, elementwise fusion (SymPy
+substitution of single-use elementwise producers into their consumer), dead-code removal, kernel
+grouping. `dump()` is the stable text form behind `mirasc compile --dump-ir`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import sympy as sp
+
+from . import derive as D
+from . import spec as S
+
+# op -> number of sources (None: variable)
+ARITY = {
+    "input": 0, "weight": 0,
+    "layer": 1,        # layer[i](h) = h @ W_iᵀ (forward graph: the weight is abstract)
+    "linear": 2,       # (W_i, h) -> h @ W_iᵀ
+    "linear_t": 2,     # (W_i, d) -> d @ W_i        (back-propagation through W_i)
+    "ew": None,        # elementwise SymPy expression of its sources (broadcasting)
+    "rownorm": 1,      # ‖t‖₂ over the last axis, keepdim
+    "rowsumsq": 1,     # Σ t² over the last axis, keepdim
+    "layernorm": 1,    # LayerNorm over the last axis, no affine, eps 1e-5
+    "layernorm_bwd": 2,  # (z, dℓ/dy) -> dℓ/dz for y = LayerNorm(z)
+    "output": 1,
+}
+MATMUL_OPS = ("layer", "linear", "linear_t")
+
+
+@dataclass(frozen=True)
+class Op:
+    """The one IR node type: what it computes (`op`), its payload (`arg`), and a readable name."""
+
+    op: str
+    arg: Any = None
+    name: str = ""
+
+
+@dataclass
+class Graph:
+    title: str
+    g: nx.DiGraph = field(default_factory=nx.DiGraph)
+    counter: int = 0
+
+    def add(self, op: str, *srcs: int, arg: Any = None, name: str = "") -> int:
+        nid = self.counter
+        self.counter += 1
+        self.g.add_node(nid, node=Op(op, arg, name or f"{op}{nid}"), srcs=tuple(srcs))
+        for s in srcs:
+            self.g.add_edge(s, nid)
+        return nid
+
+    def ew(self, expr: sp.Expr, bind: dict[sp.Symbol, int], name: str = "") -> int:
+        """An elementwise node; `bind` maps each free symbol of `expr` to a source node."""
+        syms = tuple(sorted((s for s in expr.free_symbols), key=lambda s: s.name))
+        missing = [s for s in syms if s not in bind]
+        if missing:
+            raise ValueError(f"unbound symbols {missing} in {expr}")
+        if not syms:  # a constant: still a tensor-producing node, bound to nothing
+            return self.add("ew", arg=(expr, ()), name=name)
+        return self.add("ew", *(bind[s] for s in syms), arg=(expr, syms), name=name)
+
+    # ------------------------------------------------------------------ views
+    def node(self, nid: int) -> Op:
+        return self.g.nodes[nid]["node"]
+
+    def srcs(self, nid: int) -> tuple[int, ...]:
+        return self.g.nodes[nid]["srcs"]
+
+    def order(self) -> list[int]:
+        return list(nx.lexicographical_topological_sort(self.g))
+
+    def outputs(self) -> list[int]:
+        return [n for n in self.order() if self.node(n).op == "output"]
+
+    def inputs(self) -> list[int]:
+        return [n for n in self.order() if self.node(n).op in ("input", "weight")]
+
+    def consumers(self, nid: int) -> list[int]:
+        return sorted(self.g.successors(nid))
+
+
+# ------------------------------------------------------------------------------- verifier
+class IRError(Exception):
+    pass
+
+
+def verify(gr: Graph) -> Graph:
+    if not nx.is_directed_acyclic_graph(gr.g):
+        raise IRError(f"{gr.title}: graph has a cycle")
+    names = set()
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        if op.op not in ARITY:
+            raise IRError(f"{gr.title}: unknown op {op.op}")
+        want = ARITY[op.op]
+        if want is not None and len(srcs) != want:
+            raise IRError(f"{gr.title}: %{nid} {op.op} takes {want} sources, has {len(srcs)}")
+        for s in srcs:
+            if s not in gr.g or not gr.g.has_edge(s, nid):
+                raise IRError(f"{gr.title}: %{nid} source %{s} missing or not linked")
+        if op.op == "ew":
+            expr, syms = op.arg
+            if len(syms) != len(srcs) or not expr.free_symbols <= set(syms):
+                raise IRError(f"{gr.title}: %{nid} ew symbols {syms} do not bind {expr.free_symbols}")
+        if op.op == "output":
+            if op.arg in names:
+                raise IRError(f"{gr.title}: output {op.arg} defined twice")
+            names.add(op.arg)
+    if not names:
+        raise IRError(f"{gr.title}: no outputs")
+    return gr
+
+
+# --------------------------------------------------------------------------------- passes
+def cse(gr: Graph) -> Graph:
+    """Merge nodes that compute the same op on the same sources."""
+    seen: dict[tuple, int] = {}
+    for nid in gr.order():
+        op = gr.node(nid)
+        if op.op in ("input", "weight", "output"):
+            key = (op.op, op.arg)
+            if op.op == "output":
+                continue
+        else:
+            arg = op.arg
+            if op.op == "ew":
+                arg = (sp.srepr(op.arg[0]), op.arg[1])
+            key = (op.op, arg, gr.srcs(nid))
+        if key in seen:
+            _replace_uses(gr, nid, seen[key])
+            gr.g.remove_node(nid)
+        else:
+            seen[key] = nid
+    return gr
+
+
+def _replace_uses(gr: Graph, old: int, new: int) -> None:
+    for c in list(gr.g.successors(old)):
+        gr.g.nodes[c]["srcs"] = tuple(new if s == old else s for s in gr.srcs(c))
+        gr.g.add_edge(new, c)
+
+
+def fuse_elementwise(gr: Graph) -> Graph:
+    """Inline an elementwise node into its only consumer when that consumer is elementwise too."""
+    changed = True
+    while changed:
+        changed = False
+        for nid in gr.order():
+            op = gr.node(nid)
+            cons = gr.consumers(nid)
+            if op.op != "ew" or len(cons) != 1 or gr.node(cons[0]).op != "ew":
+                continue
+            c = cons[0]
+            cexpr, csyms = gr.node(c).arg
+            csrcs = gr.srcs(c)
+            pexpr, psyms = op.arg
+            psrcs = gr.srcs(nid)
+            # Rename the producer's symbols to the consumer's symbols for the same source, or fresh.
+            bind: dict[int, sp.Symbol] = {s: sym for s, sym in zip(csrcs, csyms) if s != nid}
+            rename = {}
+            for s, sym in zip(psrcs, psyms):
+                if s in bind:
+                    rename[sym] = bind[s]
+                else:
+                    fresh = sym
+                    taken = {b.name for b in bind.values()}
+                    k = 0
+                    while fresh.name in taken:
+                        k += 1
+                        fresh = sp.Symbol(f"{sym.name}_{k}", **sym.assumptions0)
+                    bind[s] = fresh
+                    rename[sym] = fresh
+            inlined = pexpr.xreplace(rename)
+            own = [sym for s, sym in zip(csrcs, csyms) if s == nid]
+            new_expr = cexpr.xreplace({o: inlined for o in own})
+            items = sorted(((b, s) for s, b in bind.items() if b in new_expr.free_symbols), key=lambda t: t[0].name)
+            new_syms = tuple(b for b, _ in items)
+            new_srcs = tuple(s for _, s in items)
+            node = gr.node(c)
+            gr.g.nodes[c]["node"] = Op("ew", (new_expr, new_syms), node.name)
+            gr.g.nodes[c]["srcs"] = new_srcs
+            for s in list(gr.g.predecessors(c)):
+                gr.g.remove_edge(s, c)
+            for s in new_srcs:
+                gr.g.add_edge(s, c)
+            gr.g.remove_node(nid)
+            changed = True
+            break
+    return gr
+
+
+def dead_code(gr: Graph) -> Graph:
+    live = set()
+    for o in gr.outputs():
+        live |= nx.ancestors(gr.g, o) | {o}
+    for nid in list(gr.g.nodes):
+        if nid not in live:
+            gr.g.remove_node(nid)
+    return gr
+
+
+def group_kernels(gr: Graph) -> Graph:
+    """Annotate fusion groups: connected regions of elementwise/row-reduction ops between matmuls.
+    Each group is what one fused kernel computes; the Triton backend prints one kernel per group."""
+    fusable = [n for n in gr.g.nodes if gr.node(n).op in ("ew", "rownorm", "rowsumsq", "layernorm", "layernorm_bwd")]
+    sub = gr.g.subgraph(fusable).to_undirected()
+    for i, comp in enumerate(sorted((sorted(c) for c in nx.connected_components(sub)), key=lambda c: c[0])):
+        for n in comp:
+            gr.g.nodes[n]["group"] = i
+    return gr
+
+
+PIPELINE = [
+    ("verify", verify),
+    ("common-subexpressions", cse),
+    ("fuse-elementwise", fuse_elementwise),
+    ("dead-code", dead_code),
+    ("group-kernels", group_kernels),
+    ("verify", verify),
+]
+
+
+def run_pipeline(gr: Graph) -> Graph:
+    for _, fn in PIPELINE:
+        gr = fn(gr)
+    return gr
+
+
+def dump(gr: Graph) -> str:
+    lines = [f"graph {gr.title} {{"]
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        args = ", ".join(f"%{s}" for s in srcs)
+        if op.op == "ew":
+            expr, syms = op.arg
+            payload = f"[{expr} | {', '.join(s.name for s in syms)}]"
+        elif op.arg is not None:
+            payload = f"[{op.arg}]"
+        else:
+            payload = ""
+        group = gr.g.nodes[nid].get("group")
+        tail = f"    # fused group {group}" if group is not None else ""
+        lines.append(f"  %{nid} {op.name} = {op.op}{payload}({args}){tail}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------- builders
+def _forward(gr: Graph, spec: S.Spec, d: D.Derivation, x: int, weights: list[int] | None):
+    """Adds y = M(x). With `weights`, matmuls are explicit (W_i, h); else abstract `layer[i]`.
+    Returns (out, pre_activations, hidden_inputs, y_pre_norm)."""
+    m = spec.memory
+    depth = m.depth if m.kind == "mlp" else 1
+    h = x
+    zs, hs = [], []
+    for i in range(depth):
+        hs.append(h)
+        z = (gr.add("linear", weights[i], h, arg=i, name=f"z{i + 1}") if weights is not None
+             else gr.add("layer", h, arg=i, name=f"z{i + 1}"))
+        zs.append(z)
+        if i < depth - 1:
+            h = gr.ew(d.act.xreplace({D.x: sp.Symbol("z", real=True)}), {sp.Symbol("z", real=True): z},
+                      name=f"h{i + 1}")
+    y_pre = zs[-1]
+    out = y_pre
+    if m.kind == "mlp" and m.norm == "layernorm":
+        out = gr.add("layernorm", y_pre, name="y_norm")
+    if m.kind == "mlp" and m.residual:
+        xs, ys = sp.Symbol("x", real=True), sp.Symbol("y", real=True)
+        out = gr.ew(xs + ys, {xs: x, ys: out}, name="y")
+    return out, zs, hs, y_pre
+
+
+def build_forward(spec: S.Spec, d: D.Derivation) -> Graph:
+    gr = Graph("memory_forward")
+    x = gr.add("input", arg="x", name="x")
+    out, *_ = _forward(gr, spec, d, x, None)
+    gr.add("output", out, arg="y", name="out_y")
+    return gr
+
+
+def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
+    gr = Graph("memory_grad")
+    m = spec.memory
+    depth = m.depth if m.kind == "mlp" else 1
+    k = gr.add("input", arg="k", name="k")
+    vv = gr.add("input", arg="v", name="v")
+    weights = [gr.add("weight", arg=i, name=f"W{i + 1}" if m.kind == "mlp" else "W") for i in range(depth)]
+    y_out, zs, hs, y_pre = _forward(gr, spec, d, k, weights)
+    bind: dict[sp.Symbol, int] = {D.v: vv, D.y: y_out}
+    expr = d.dloss
+    if expr.has(D.e) or expr.has(D.enorm):
+        bind[D.e] = gr.ew(D.y - D.v, {D.y: y_out, D.v: vv}, name="e")
+    if expr.has(D.enorm):
+        bind[D.enorm] = gr.add("rownorm", bind[D.e], name="e_norm")
+    if expr.has(D.delta):
+        bind[D.delta] = gr.add("input", arg="delta", name="delta")
+    if expr.has(D.cprox):
+        eta = gr.add("input", arg="eta", name="eta")
+        ksq = gr.add("rowsumsq", k, name="k_sq")
+        es, ks = sp.Symbol("eta", positive=True), sp.Symbol("ksq", nonnegative=True)
+        bind[D.cprox] = gr.ew(es * ks, {es: eta, ks: ksq}, name="c")
+    dy = gr.ew(expr, bind, name="dl_dy")
+    # residual: ∂/∂y of x + y is the identity; LayerNorm: its backward.
+    if m.kind == "mlp" and m.norm == "layernorm":
+        dy = gr.add("layernorm_bwd", y_pre, dy, name="dl_dz")
+    delta_i = dy
+    for i in reversed(range(depth)):
+        gr.add("output", delta_i, arg=f"delta{i + 1}", name=f"out_delta{i + 1}")
+        gr.add("output", hs[i], arg=f"input{i + 1}", name=f"out_input{i + 1}")
+        if i > 0:
+            dh = gr.add("linear_t", weights[i], delta_i, arg=i, name=f"dl_dh{i}")
+            zs_sym, dh_sym = sp.Symbol("z", real=True), sp.Symbol("g", real=True)
+            delta_i = gr.ew(dh_sym * d.act_grad.xreplace({D.x: zs_sym}), {dh_sym: dh, zs_sym: zs[i - 1]},
+                            name=f"dl_dz{i}")
+    return gr
+
+
+def state_independent_gradient(gr: Graph) -> bool:
+    """True when no gradient factor depends on the weights (e.g. linear memory with the dot bias):
+    then every chunking of the sequence gives the exact recurrence."""
+    weights = [n for n in gr.g.nodes if gr.node(n).op == "weight"]
+    return all(not (nx.descendants(gr.g, w) & set(gr.outputs())) for w in weights)
+
+
+def compile_graphs(spec: S.Spec, d: D.Derivation) -> tuple[Graph, Graph]:
+    return run_pipeline(build_forward(spec, d)), run_pipeline(build_grad(spec, d))

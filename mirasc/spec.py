@@ -1,0 +1,266 @@
+"""The typed spec model: every form of the language, its parameters, defaults and ranges.
+
+The front end (`frontend.py`) turns a parse tree into these pydantic models; anything pydantic
+rejects is reported at the source position of the offending argument. Cross-field rules (design
+combinations without a defined meaning) live in `check_combination`, each with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import sympy as sp
+from pydantic import BaseModel, ConfigDict, Field
+
+GATE = "gate"
+Coef = Union[Literal["gate"], float]
+"""A coefficient: the word `gate` (a per-token input of the op) or a constant number."""
+
+# Gate names are fixed by role (CONTRACT section 1). Parameter name -> gate name.
+GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
+GATE_ORDER = ("eta", "alpha", "theta", "delta")
+# Value a coefficient takes when the spec does not declare it.
+UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
+
+
+class Form(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+
+# ----------------------------------------------------------------------------------- memory
+class Linear(Form):
+    kind: Literal["linear"] = "linear"
+
+
+class MLP(Form):
+    kind: Literal["mlp"] = "mlp"
+    depth: Annotated[int, Field(ge=1, le=16)] = 2
+    expansion: Annotated[int, Field(ge=1, le=64)] = 4
+    act: Literal["gelu", "silu", "relu", "tanh", "identity"] = "gelu"
+    residual: bool = True
+    norm: Literal["layernorm", "none"] = "layernorm"
+
+
+class Nonparametric(Form):
+    kind: Literal["nonparametric"] = "nonparametric"
+    kernel: Literal["softmax"] = "softmax"
+    scale: Annotated[float, Field(gt=0)] | None = None  # None: 1/sqrt(Dk)
+
+
+# ------------------------------------------------------------------------------------- bias
+class Dot(Form):
+    kind: Literal["dot"] = "dot"
+
+
+class L2(Form):
+    kind: Literal["l2"] = "l2"
+
+
+class Lp(Form):
+    kind: Literal["lp"] = "lp"
+    p: Annotated[float, Field(ge=1, le=64)]
+    eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
+
+
+class Huber(Form):
+    kind: Literal["huber"] = "huber"
+    delta: Coef = GATE
+    mode: Literal["coordinate", "mixture"] = "coordinate"
+
+
+class Custom(Form):
+    kind: Literal["custom"] = "custom"
+    loss: Any  # a sympy expression in the symbol `e`
+
+
+# -------------------------------------------------------------------------------- retention
+class NoRetention(Form):
+    kind: Literal["none"] = "none"
+
+
+class Decay(Form):
+    kind: Literal["decay"] = "decay"
+    alpha: Coef = GATE
+    order: Literal["post", "pre"] = "post"
+
+
+class Lq(Form):
+    kind: Literal["lq"] = "lq"
+    q: Annotated[float, Field(gt=1, le=64)]
+    alpha: Coef = GATE
+
+
+class KL(Form):
+    kind: Literal["kl"] = "kl"
+    c: Annotated[float, Field(gt=0)] = 1.0
+    alpha: Coef = GATE
+
+
+class Elastic(Form):
+    kind: Literal["elastic"] = "elastic"
+    lam: Annotated[float, Field(ge=0)]
+    alpha: Coef = GATE
+
+
+class Bregman(Form):
+    kind: Literal["bregman"] = "bregman"
+    phi: Any  # a sympy expression in the symbol `w`
+
+
+# ---------------------------------------------------------------------------------- learner
+class GD(Form):
+    kind: Literal["gd"] = "gd"
+    lr: Coef = GATE
+
+
+class Momentum(Form):
+    kind: Literal["momentum"] = "momentum"
+    lr: Coef = GATE
+    theta: Coef = GATE
+
+
+class Implicit(Form):
+    kind: Literal["implicit"] = "implicit"
+    lr: Coef = GATE
+
+
+class NonparametricLearner(Form):
+    kind: Literal["nonparametric"] = "nonparametric"
+
+
+# --------------------------------------------------------------------------------- parallel
+class Exact(Form):
+    kind: Literal["exact"] = "exact"
+
+
+class Minibatch(Form):
+    kind: Literal["minibatch"] = "minibatch"
+    C: Annotated[int, Field(ge=1, le=4096)]
+
+
+# The vocabulary as data: field -> form name -> model class. Positional arguments bind to the
+# model's fields in declaration order (after `kind`).
+VOCABULARY: dict[str, dict[str, type[Form]]] = {
+    "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
+    "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
+    "retention": {"none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman},
+    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "nonparametric": NonparametricLearner},
+    "parallel": {"exact": Exact, "minibatch": Minibatch},
+}
+FIELDS = tuple(VOCABULARY)
+# Parameters whose value is an expression, and the one free symbol each may use.
+EXPRESSION_PARAMS = {("bias", "custom", "loss"): "e", ("retention", "bregman", "phi"): "w"}
+# Defaults for fields a spec leaves out (nonparametric memories imply the rest).
+FIELD_DEFAULTS = {"retention": NoRetention(), "learner": GD(), "parallel": Exact()}
+
+
+def params_of(cls: type[Form]) -> list[str]:
+    return [name for name in cls.model_fields if name != "kind"]
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    name: str
+    memory: Linear | MLP | Nonparametric
+    bias: Dot | L2 | Lp | Huber | Custom
+    retention: NoRetention | Decay | Lq | KL | Elastic | Bregman
+    learner: GD | Momentum | Implicit | NonparametricLearner
+    parallel: Exact | Minibatch
+
+    # ------------------------------------------------------------------ derived facts
+    @property
+    def parametric(self) -> bool:
+        return self.memory.kind != "nonparametric"
+
+    def coefficients(self) -> dict[str, Coef]:
+        """Gate name -> `gate` or constant, for every coefficient the spec uses."""
+        out: dict[str, Coef] = {}
+        for form in (self.bias, self.retention, self.learner):
+            for param, value in form:
+                if param in GATE_OF_PARAM:
+                    out[GATE_OF_PARAM[param]] = value
+        return out
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        coefs = self.coefficients()
+        return tuple(g for g in GATE_ORDER if coefs.get(g) == GATE)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        if self.memory.kind == "linear":
+            return ("W",)
+        if self.memory.kind == "mlp":
+            return tuple(f"W{i + 1}" for i in range(self.memory.depth))
+        return ()
+
+    def canonical(self) -> str:
+        """Canonical spec text: every parameter written out, one field per line."""
+        lines = [f"model {self.name} {{"]
+        for field in FIELDS:
+            form = getattr(self, field)
+            args = [f"{p}={format_value(v)}" for p, v in form if p != "kind"]
+            text = form.kind + (f"({', '.join(args)})" if args else "")
+            lines.append(f"    {field:<9} = {text}")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    if isinstance(v, sp.Basic):
+        return str(v).replace("**", "^")
+    if v is None:
+        return "default"
+    return str(v)
+
+
+class Rejection(Exception):
+    """An illegal combination: `field` names where to point the error, `message` says why."""
+
+    def __init__(self, field: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.field, self.message, self.param = field, message, param
+
+
+def check_combination(spec: Spec) -> None:
+    """Reject design combinations that have no defined meaning, each with its reason."""
+    m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
+    if m.kind == "nonparametric" or l.kind == "nonparametric":
+        if m.kind != "nonparametric":
+            raise Rejection("learner", "learner `nonparametric` needs `memory = nonparametric(...)`; "
+                            "a parametric memory learns with gd, momentum or implicit")
+        if l.kind != "nonparametric":
+            raise Rejection("learner", f"a nonparametric memory has no weights to train with `{l.kind}`; "
+                            "write `learner = nonparametric`")
+        if b.kind != "l2":
+            raise Rejection("bias", "the Nadaraya-Watson estimator is the nonparametric solution of the l2 bias; "
+                            "write `bias = l2`")
+        if r.kind != "none":
+            raise Rejection("retention", "a nonparametric memory keeps every pair; write `retention = none`")
+        if par.kind != "exact":
+            raise Rejection("parallel", "a nonparametric memory has no mini-batch form; write `parallel = exact`")
+        return
+    if l.kind == "implicit":
+        if m.kind != "linear":
+            raise Rejection("learner", "`implicit` needs a closed-form proximal step, which exists only for "
+                            "`memory = linear`; use gd or momentum for an MLP memory")
+        if b.kind not in ("dot", "l2") and not (b.kind == "huber" and b.mode == "coordinate"):
+            raise Rejection("learner", f"`implicit` has no closed-form proximal step for `bias = {b.kind}"
+                            f"{'(mode=mixture)' if b.kind == 'huber' else ''}`; accepted biases: dot, l2, "
+                            "huber (coordinate mode)")
+        if r.kind not in ("none", "decay"):
+            raise Rejection("learner", f"`implicit` is defined with retention none or decay, not `{r.kind}` "
+                            "(the proximal step would need the retention's own geometry)")
+        if par.kind != "exact":
+            raise Rejection("parallel", "`implicit` solves each token's step exactly at the running state; "
+                            "it has no mini-batch form: write `parallel = exact`")
+    if r.kind == "decay" and r.order == "pre" and par.kind == "minibatch":
+        raise Rejection("retention", "`order=pre` decays the state before taking the gradient there, but under "
+                        "`minibatch(C)` the gradient is taken at the chunk's anchor state; use `order=post`",
+                        param="order")
+    if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
+        raise Rejection("bias", "huber mixture needs a parametric memory")

@@ -1,0 +1,465 @@
+"""An independent float64 reference of CONTRACT §3 (parametric memories).
+
+Written from the contract text only; it does not import ``mirasc``. Everything is a plain token loop
+over t, vectorised over batch and heads, and the memory gradient g_t is always taken with
+``torch.autograd.grad`` of the written-out loss (``create_graph=True``), so the whole reference is
+differentiable with respect to q, k, v, the gates and the initial state.
+
+Config format (one hand-written dict per spec file in ``specs/``)::
+
+    dict(memory=dict(kind="linear") | dict(kind="mlp", depth, expansion, act, residual, norm),
+         bias=dict(kind="dot" | "l2" | "lp"(p, eps) | "huber"(delta, mode) | "custom"(f)),
+         retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
+                        | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv)),
+         learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr)),
+         parallel=None | C)
+
+A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
+for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber) or a number.
+Optional ``gate_ranges`` only steers :func:`make_inputs` (it is not part of the semantics).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
+DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
+
+_MLP = dict(kind="mlp", depth=2, expansion=4, act="gelu", residual=True, norm="layernorm")
+_LINEAR = dict(kind="linear")
+
+
+def _log_w_plus_1(w: Tensor) -> Tensor:  # phi'(w) for phi(w) = w log w
+    return torch.log(w) + 1.0
+
+
+def _exp_y_minus_1(y: Tensor) -> Tensor:  # (phi')^{-1}(y) for phi(w) = w log w
+    return torch.exp(y - 1.0)
+
+
+def _cauchy(e: Tensor) -> Tensor:  # log(1 + e^2/2)
+    return torch.log(1.0 + e * e / 2.0)
+
+
+REF_CONFIGS: dict[str, dict] = {
+    "custom_cauchy": dict(
+        memory=_LINEAR,
+        bias=dict(kind="custom", f=_cauchy),
+        retention=dict(kind="decay", alpha="gate", order="pre"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+    ),
+    "deltanet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+    ),
+    "entropic_mirror": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="bregman", phi_prime=_log_w_plus_1, phi_prime_inv=_exp_y_minus_1),
+        learner=dict(kind="momentum", lr="gate", theta=0.9),
+        parallel=16,
+        # multiplicative updates with momentum 0.9 and 16-token mini-batches: keep the steps small
+        gate_ranges=dict(eta=(0.005, 0.05)),
+    ),
+    "gated_deltanet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="pre"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+    ),
+    "huber_kl_momentum": dict(
+        memory=dict(kind="mlp", depth=2, expansion=2, act="silu", residual=False, norm="none"),
+        bias=dict(kind="huber", delta="gate", mode="coordinate"),
+        retention=dict(kind="kl", c=1.0, alpha="gate"),
+        learner=dict(kind="momentum", lr="gate", theta="gate"),
+        parallel=32,
+    ),
+    "linear_attention": dict(
+        memory=_LINEAR,
+        bias=dict(kind="dot"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
+    "longhorn": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="implicit", lr="gate"),
+        parallel=None,
+    ),
+    "mamba2": dict(
+        memory=_LINEAR,
+        bias=dict(kind="dot"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+    ),
+    "memora": dict(
+        memory=_MLP,
+        bias=dict(kind="l2"),
+        retention=dict(kind="kl", c=1.0, alpha="gate"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+    ),
+    "moneta": dict(
+        memory=_MLP,
+        bias=dict(kind="lp", p=3.0, eps=1e-6),
+        retention=dict(kind="lq", q=4.0, alpha="gate"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+    ),
+    "retnet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="dot"),
+        retention=dict(kind="decay", alpha=0.96875, order="post"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
+    "sparse_lp": dict(
+        memory=_LINEAR,
+        bias=dict(kind="lp", p=1.5, eps=1e-6),
+        retention=dict(kind="elastic", lam=0.001, alpha="gate"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=32,
+    ),
+    "titans": dict(
+        memory=_MLP,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="momentum", lr="gate", theta="gate"),
+        parallel=64,
+    ),
+    "ttt_linear": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=16,
+    ),
+    "ttt_mlp": dict(
+        memory=_MLP,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=16,
+    ),
+    "yaad": dict(
+        memory=_MLP,
+        bias=dict(kind="huber", delta="gate", mode="mixture"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+        # ||e|| of a residual+LayerNorm memory is about sqrt(2 Dv + 1); scale delta so that both
+        # branches of the mixture are taken (for Dv = 8)
+        gate_ranges=dict(delta=(2.5, 6.0)),
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# config helpers
+
+
+def _get_cfg(cfg_or_name) -> dict:
+    return REF_CONFIGS[cfg_or_name] if isinstance(cfg_or_name, str) else cfg_or_name
+
+
+def weight_names(mem: dict) -> list[str]:
+    if mem["kind"] == "linear":
+        return ["W"]
+    if mem["kind"] == "mlp":
+        return [f"W{i}" for i in range(1, mem["depth"] + 1)]
+    raise ValueError(f"unknown memory {mem['kind']!r}")
+
+
+def declared_gates(cfg) -> set[str]:
+    """Gate names (eta, alpha, theta, delta) that the config reads from the gates dict."""
+    cfg = _get_cfg(cfg)
+    out = set()
+    for section in ("bias", "retention", "learner"):
+        for role, gate in GATE_OF_ROLE.items():
+            if cfg[section].get(role) == "gate":
+                out.add(gate)
+    return out
+
+
+def state_keys(cfg) -> list[str]:
+    cfg = _get_cfg(cfg)
+    names = weight_names(cfg["memory"])
+    keys = list(names)
+    if cfg["retention"]["kind"] in ("lq", "elastic"):
+        keys += [f"A_{n}" for n in names]
+    if cfg["learner"]["kind"] == "momentum":
+        keys += [f"S_{n}" for n in names]
+    return keys
+
+
+def _coef(value, gate_name: str, gates: dict, t: int, default: float):
+    """Coefficient at token t as [B, H, 1, 1] (gate) or a python float (constant / undeclared)."""
+    if value is None:
+        return default
+    if value == "gate":
+        return gates[gate_name][:, t][..., None, None]
+    return float(value)
+
+
+# --------------------------------------------------------------------------------------------------
+# memory, loss, gradient
+
+_ACTS = {
+    "gelu": lambda x: F.gelu(x),  # exact erf GELU
+    "silu": F.silu,
+    "relu": F.relu,
+    "tanh": torch.tanh,
+    "identity": lambda x: x,
+}
+
+
+def _matvec(W: Tensor, x: Tensor) -> Tensor:
+    """W [B,H,m,n], x [B,H,n] -> [B,H,m]."""
+    return torch.einsum("bhmn,bhn->bhm", W, x)
+
+
+def memory_forward(mem: dict, Ws: dict[str, Tensor], x: Tensor) -> Tensor:
+    """M_W(x) for x [B,H,Dk]; returns [B,H,Dv]."""
+    if mem["kind"] == "linear":
+        return _matvec(Ws["W"], x)
+    names = weight_names(mem)
+    act = _ACTS[mem["act"]]
+    h = x
+    for n in names[:-1]:
+        h = act(_matvec(Ws[n], h))
+    y = _matvec(Ws[names[-1]], h)
+    if mem["norm"] == "layernorm":
+        y = F.layer_norm(y, (y.shape[-1],), eps=1e-5)
+    elif mem["norm"] != "none":
+        raise ValueError(mem["norm"])
+    if mem["residual"]:
+        y = x + y
+    return y
+
+
+def bias_loss(bias: dict, y: Tensor, v: Tensor, delta) -> Tensor:
+    """Per-(b,h) loss l(y, v), y and v [B,H,Dv] -> [B,H]."""
+    kind = bias["kind"]
+    if kind == "dot":
+        return -(y * v).sum(-1)
+    e = y - v
+    if kind == "l2":
+        return 0.5 * (e * e).sum(-1)
+    if kind == "lp":
+        p = float(bias["p"])
+        return ((e * e + float(bias.get("eps", 1e-6))) ** (p / 2)).sum(-1) / p
+    if kind == "huber":
+        d = delta[..., 0] if isinstance(delta, Tensor) else delta  # [B,H,1] or float
+        if bias.get("mode", "coordinate") == "mixture":
+            d = d[..., 0] if isinstance(d, Tensor) else d  # [B,H]
+            quad = 0.5 * (e * e).sum(-1)
+            lin = d * e.abs().sum(-1)
+            row_norm = e.detach().norm(dim=-1)
+            return torch.where(row_norm <= d, quad, lin)
+        a = e.abs()
+        return torch.where(a <= d, 0.5 * e * e, d * (a - 0.5 * d)).sum(-1)
+    if kind == "custom":
+        return bias["f"](e).sum(-1)
+    raise ValueError(f"unknown bias {kind!r}")
+
+
+def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, create_graph=True):
+    """g = d l(M_W(k), v) / dW for each weight matrix, by autograd (differentiable: create_graph)."""
+    names = list(Ws)
+    leaves = [Ws[n] if Ws[n].requires_grad else Ws[n].detach().requires_grad_(True) for n in names]
+    loss = bias_loss(cfg["bias"], memory_forward(cfg["memory"], dict(zip(names, leaves)), k), v, delta)
+    grads = torch.autograd.grad(loss.sum(), leaves, create_graph=create_graph)
+    return dict(zip(names, grads))
+
+
+# --------------------------------------------------------------------------------------------------
+# retention read-outs
+
+
+def lq_readout(A: Tensor, q: float) -> Tensor:
+    """W = A / ||A||_q^{q-2}, entrywise q-norm over each (b,h) matrix."""
+    norm = (A.abs() ** q).sum((-2, -1), keepdim=True) ** (1.0 / q)
+    return A / norm ** (q - 2.0)
+
+
+def elastic_readout(A: Tensor, lam: float) -> Tensor:
+    return torch.sign(A) * torch.clamp(A.abs() - lam, min=0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the op
+
+
+def reference_apply(cfg, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], state: dict[str, Tensor]):
+    """Token-by-token CONTRACT §3. Returns (o [B,T,H,Dv], final state with the input state's keys)."""
+    cfg = _get_cfg(cfg)
+    inputs = [q, k, v, *gates.values(), *state.values()]
+    differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
+    with torch.enable_grad():
+        o, final = _reference_apply(cfg, q, k, v, gates, state, differentiable)
+    if not differentiable:
+        o, final = o.detach(), {key: x.detach() for key, x in final.items()}
+    return o, final
+
+
+def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
+    mem, ret, lrn = cfg["memory"], cfg["retention"], cfg["learner"]
+    C = cfg["parallel"]
+    names = weight_names(mem)
+    unknown = set(state) - set(state_keys(cfg))
+    if unknown:
+        raise KeyError(f"unexpected state keys {sorted(unknown)}")
+    order = ret.get("order", "post")
+    if ret["kind"] == "decay" and order == "pre" and C is not None:
+        raise NotImplementedError("decay(order=pre) with minibatch is not used by any spec")
+    if lrn["kind"] == "implicit":
+        if not (mem["kind"] == "linear" and cfg["bias"]["kind"] == "l2" and C is None):
+            raise NotImplementedError("implicit: closed form only for linear + l2, exact")
+        if ret["kind"] not in ("none", "decay") or (ret["kind"] == "decay" and order != "pre"):
+            raise NotImplementedError("implicit: only retention none or decay(order=pre)")
+
+    T = q.shape[1]
+    W = {n: state[n] for n in names}
+    A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
+    S = None
+    if lrn["kind"] == "momentum":
+        S = {n: state.get(f"S_{n}", torch.zeros_like(W[n])) for n in names}
+    anchor = W
+    outs = []
+    for t in range(T):
+        kt, vt, qt = k[:, t], v[:, t], q[:, t]
+        eta = _coef(lrn.get("lr"), "eta", gates, t, 1.0)
+        alpha = _coef(ret.get("alpha"), "alpha", gates, t, 1.0)
+        theta = _coef(lrn.get("theta"), "theta", gates, t, 0.0)
+        delta = _coef(cfg["bias"].get("delta"), "delta", gates, t, 0.0)
+
+        if ret["kind"] == "decay" and order == "pre":
+            W = {n: alpha * W[n] for n in names}  # W'_{t-1}; the gradient is taken here
+
+        if lrn["kind"] == "implicit":
+            # argmin_W 1/2||W k - v||^2 + 1/(2 eta)||W - W'||^2, W' = (pre-decayed) previous state
+            Wp = W["W"]
+            kk = (kt * kt).sum(-1)[..., None, None]
+            err = _matvec(Wp, kt) - vt
+            W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kt[..., None, :]}
+            outs.append(memory_forward(mem, W, qt))
+            continue
+
+        if C is not None and t % C == 0:
+            anchor = W  # state at the end of the previous chunk
+        g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph)
+
+        if lrn["kind"] == "gd":
+            U = {n: -eta * g[n] for n in names}
+        elif lrn["kind"] == "momentum":
+            S = {n: theta * S[n] - eta * g[n] for n in names}
+            U = S
+        else:
+            raise ValueError(f"unknown learner {lrn['kind']!r}")
+
+        kind = ret["kind"]
+        if kind == "none" or (kind == "decay" and order == "pre"):
+            W = {n: W[n] + U[n] for n in names}
+        elif kind == "decay":
+            W = {n: alpha * W[n] + U[n] for n in names}
+        elif kind == "lq":
+            A = {n: alpha * A[n] + U[n] for n in names}
+            W = {n: lq_readout(A[n], float(ret["q"])) for n in names}
+        elif kind == "elastic":
+            A = {n: alpha * A[n] + U[n] for n in names}
+            W = {n: elastic_readout(A[n], float(ret["lam"])) for n in names}
+        elif kind == "kl":
+            c = float(ret.get("c", 1.0))
+            W = {n: c * torch.softmax(alpha * torch.log(W[n]) + U[n], dim=-1) for n in names}
+        elif kind == "bregman":
+            fp, fpi = ret["phi_prime"], ret["phi_prime_inv"]
+            W = {n: fpi(fp(W[n]) + U[n]) for n in names}
+        else:
+            raise ValueError(f"unknown retention {kind!r}")
+
+        outs.append(memory_forward(mem, W, qt))  # read after write
+
+    o = torch.stack(outs, dim=1)
+    final = {}
+    for key in state:
+        if key.startswith("A_"):
+            final[key] = A[key[2:]]
+        elif key.startswith("S_"):
+            final[key] = S[key[2:]]
+        else:
+            final[key] = W[key]
+    return o, final
+
+
+# --------------------------------------------------------------------------------------------------
+# inputs and states
+
+
+def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtype=torch.float64, seed: int = 0):
+    """q, k (unit-norm rows), v ~ N(0,1), and the declared gates in stable ranges.
+
+    Values are drawn in float64 and then cast, so two dtypes with the same seed see the same data.
+    """
+    cfg = _get_cfg(cfg_or_spec_name)
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    q = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
+    v = torch.randn(B, T, H, Dv, generator=g, dtype=f64)
+    ranges = dict(DEFAULT_GATE_RANGES)
+    ranges.update(cfg.get("gate_ranges", {}))
+    gates = {}
+    for name in sorted(declared_gates(cfg)):
+        lo, hi = ranges[name]
+        gates[name] = lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=f64)
+    cast = lambda x: x.to(dtype)  # noqa: E731
+    return cast(q), cast(k), cast(v), {n: cast(x) for n, x in gates.items()}
+
+
+def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.float64, seed: int = 0):
+    """A valid initial state: small random linear W, N(0, 1/fan_in) MLP weights, c*softmax rows for kl
+    and bregman(w log w) (strictly positive), A = W for lq/elastic, S = 0 for momentum."""
+    cfg = _get_cfg(cfg_or_spec_name)
+    mem, ret = cfg["memory"], cfg["retention"]
+    g = torch.Generator().manual_seed(seed + 7919)
+    f64 = torch.float64
+    if mem["kind"] == "linear":
+        shapes = {"W": (Dv, Dk)}
+    else:
+        L, hid = mem["depth"], mem["expansion"] * Dk
+        if L == 1:
+            shapes = {"W1": (Dv, Dk)}
+        else:
+            shapes = {"W1": (hid, Dk)}
+            shapes.update({f"W{i}": (hid, hid) for i in range(2, L)})
+            shapes[f"W{L}"] = (Dv, hid)
+    positive = ret["kind"] in ("kl", "bregman")
+    state = {}
+    for n, (rows, cols) in shapes.items():
+        z = torch.randn(B, H, rows, cols, generator=g, dtype=f64)
+        if positive:
+            w = float(ret.get("c", 1.0)) * torch.softmax(z, dim=-1)
+        elif mem["kind"] == "linear":
+            w = z * (0.5 / math.sqrt(cols))
+        else:
+            w = z / math.sqrt(cols)
+        state[n] = w
+    if ret["kind"] in ("lq", "elastic"):
+        state.update({f"A_{n}": state[n].clone() for n in shapes})
+    if cfg["learner"]["kind"] == "momentum":
+        state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})
+    return {key: x.to(dtype) for key, x in state.items()}
