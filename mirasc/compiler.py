@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,18 +47,18 @@ def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
 
 def _locate(err: D.DerivationError, text: str, path: str) -> frontend.SpecError:
     """Point a derivation error at the spec field (and parameter) it concerns."""
-    line_no, col = 1, 1
-    for i, line in enumerate(text.splitlines(), 1):
-        stripped = line.split("#", 1)[0]
-        head = stripped.lstrip()
-        if head.startswith(err.field) and head[len(err.field):].lstrip().startswith("="):
-            line_no = i
-            col = stripped.index("=") + 2 + (len(stripped[stripped.index("=") + 1:]) -
-                                             len(stripped[stripped.index("=") + 1:].lstrip()))
-            if err.param and f"{err.param}" in stripped:
-                col = stripped.index(err.param) + 1
-            break
-    return frontend.SpecError(path, line_no, col, err.message)
+    code = re.sub(r"#[^\n]*", lambda m: " " * len(m.group()), text)  # blank out comments, keep offsets
+    offset = 0
+    field = re.search(rf"\b{err.field}\s*=\s*", code)
+    if field:
+        offset = field.end()
+        if err.param:
+            param = re.compile(rf"\b{err.param}\s*=").search(code, field.end())
+            if param:
+                offset = param.start()
+    line = code.count("\n", 0, offset) + 1
+    col = offset - (code.rfind("\n", 0, offset) + 1) + 1
+    return frontend.SpecError(path, line, col, err.message)
 
 
 _CACHE: dict[str, types.ModuleType] = {}

@@ -191,7 +191,8 @@ def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
         if s == 0.0 and not _real_at(d2phi, [0.0]):
             continue
         val = _num(d2phi, s)
-        if val is None or not val > 0:
+        # φ'' may vanish at isolated points (w^4/4 at 0) and φ stays strictly convex.
+        if val is None or val < 0 or (val == 0 and s != 0.0):
             raise DerivationError("retention", f"bregman: φ must be strictly convex (φ'' > 0), but φ''({s}) = "
                                   f"{d2phi.subs(w, s)}; e.g. phi = w^2/2, w*log(w), cosh(w)", param="phi")
     sols = []
