@@ -10,7 +10,7 @@ Config format (one hand-written dict per spec file in ``specs/``)::
     dict(memory=dict(kind="linear") | dict(kind="mlp", depth, expansion, act, residual, norm),
          bias=dict(kind="dot" | "l2" | "lp"(p, eps) | "huber"(delta, mode) | "custom"(f)),
          retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
-                        | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv)),
+                        | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
          learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr)),
          parallel=None | C)
 
@@ -35,14 +35,6 @@ _MLP = dict(kind="mlp", depth=2, expansion=4, act="gelu", residual=True, norm="l
 _LINEAR = dict(kind="linear")
 
 
-def _log_w_plus_1(w: Tensor) -> Tensor:  # phi'(w) for phi(w) = w log w
-    return torch.log(w) + 1.0
-
-
-def _exp_y_minus_1(y: Tensor) -> Tensor:  # (phi')^{-1}(y) for phi(w) = w log w
-    return torch.exp(y - 1.0)
-
-
 def _cauchy(e: Tensor) -> Tensor:  # log(1 + e^2/2)
     return torch.log(1.0 + e * e / 2.0)
 
@@ -62,21 +54,19 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
     ),
-    "entropic_mirror": dict(
-        memory=_LINEAR,
-        bias=dict(kind="l2"),
-        retention=dict(kind="bregman", phi_prime=_log_w_plus_1, phi_prime_inv=_exp_y_minus_1),
-        learner=dict(kind="momentum", lr="gate", theta=0.9),
-        parallel=16,
-        # multiplicative updates with momentum 0.9 and 16-token mini-batches: keep the steps small
-        gate_ranges=dict(eta=(0.005, 0.05)),
-    ),
     "gated_deltanet": dict(
         memory=_LINEAR,
         bias=dict(kind="l2"),
         retention=dict(kind="decay", alpha="gate", order="pre"),
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
+    ),
+    "hyperbolic_mirror": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="bregman", phi_prime=torch.sinh, phi_prime_inv=torch.asinh),  # phi(w) = cosh(w)
+        learner=dict(kind="momentum", lr="gate", theta=0.9),
+        parallel=16,
     ),
     "huber_kl_momentum": dict(
         memory=dict(kind="mlp", depth=2, expansion=2, act="silu", residual=False, norm="none"),
@@ -204,6 +194,12 @@ def state_keys(cfg) -> list[str]:
     if cfg["learner"]["kind"] == "momentum":
         keys += [f"S_{n}" for n in names]
     return keys
+
+
+def needs_positive_weights(cfg) -> bool:
+    """kl always; bregman when its potential is only defined for w > 0 (config flag ``positive``)."""
+    ret = _get_cfg(cfg)["retention"]
+    return ret["kind"] == "kl" or (ret["kind"] == "bregman" and bool(ret.get("positive", False)))
 
 
 def _coef(value, gate_name: str, gates: dict, t: int, default: float):
@@ -432,7 +428,7 @@ def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtyp
 
 def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.float64, seed: int = 0):
     """A valid initial state: small random linear W, N(0, 1/fan_in) MLP weights, c*softmax rows for kl
-    and bregman(w log w) (strictly positive), A = W for lq/elastic, S = 0 for momentum."""
+    and positive-domain bregman potentials such as w log w, A = W for lq/elastic, S = 0 for momentum."""
     cfg = _get_cfg(cfg_or_spec_name)
     mem, ret = cfg["memory"], cfg["retention"]
     g = torch.Generator().manual_seed(seed + 7919)
@@ -447,7 +443,7 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
             shapes = {"W1": (hid, Dk)}
             shapes.update({f"W{i}": (hid, hid) for i in range(2, L)})
             shapes[f"W{L}"] = (Dv, hid)
-    positive = ret["kind"] in ("kl", "bregman")
+    positive = needs_positive_weights(cfg)
     state = {}
     for n, (rows, cols) in shapes.items():
         z = torch.randn(B, H, rows, cols, generator=g, dtype=f64)

@@ -13,6 +13,7 @@ from reference import (
     make_inputs,
     make_state,
     memory_forward,
+    needs_positive_weights,
     reference_apply,
     state_keys,
 )
@@ -68,7 +69,7 @@ def test_make_inputs_and_state(name):
         if name_ == "alpha":
             assert (x <= 1).all()
     assert list(st) == state_keys(cfg)
-    if cfg["retention"]["kind"] in ("kl", "bregman"):
+    if needs_positive_weights(cfg):
         for key, x in st.items():
             if not key.startswith("S_"):
                 assert (x > 0).all()
@@ -243,9 +244,19 @@ def test_minibatch_gradients_at_the_chunk_anchor():
     assert rel(o_exact, o) > 1e-4
 
 
+ENTROPIC = cfg_of(  # phi(w) = w log w: phi' = log w + 1, (phi')^{-1}(y) = exp(y - 1)
+    retention=dict(
+        kind="bregman", phi_prime=lambda w: torch.log(w) + 1, phi_prime_inv=lambda y: torch.exp(y - 1), positive=True
+    ),
+    learner=dict(kind="momentum", lr="gate", theta=0.9),
+    parallel=2,
+)
+
+
 def test_entropic_mirror_by_hand():
-    cfg = dict(REF_CONFIGS["entropic_mirror"], parallel=2)
+    cfg = ENTROPIC
     q, k, v, g, st = setup(cfg, B=1, H=1, T=3)
+    assert (st["W"] > 0).all()
     o, fin = reference_apply(cfg, q, k, v, g, st)
     kk, vv, e = k[0, :, 0], v[0, :, 0], g["eta"][0, :, 0]
     W0 = st["W"][0, 0]
@@ -322,6 +333,24 @@ def test_elastic_lam0_equals_decay_and_lam_sparsifies():
     A, W = fin["A_W"], fin["W"]
     assert ((A.abs() <= 0.2) == (W == 0)).all() and (W == 0).any() and (W != 0).any()
     torch.testing.assert_close(W.abs(), (A.abs() - 0.2).clamp_min(0), rtol=0, atol=1e-15)
+
+
+def test_hyperbolic_mirror_by_hand():
+    cfg = dict(REF_CONFIGS["hyperbolic_mirror"], parallel=2)
+    q, k, v, g, st = setup(cfg, B=1, H=1, T=3)
+    st["S_W"] = torch.full_like(st["W"], 0.3)
+    o, fin = reference_apply(cfg, q, k, v, g, st)
+    kk, vv, e = k[0, :, 0], v[0, :, 0], g["eta"][0, :, 0]
+    W0 = st["W"][0, 0]
+    S1 = 0.9 * 0.3 - e[0] * outer(W0 @ kk[0] - vv[0], kk[0])
+    W1 = torch.asinh(torch.sinh(W0) + S1)
+    S2 = 0.9 * S1 - e[1] * outer(W0 @ kk[1] - vv[1], kk[1])
+    W2 = torch.asinh(torch.sinh(W1) + S2)
+    S3 = 0.9 * S2 - e[2] * outer(W2 @ kk[2] - vv[2], kk[2])
+    W3 = torch.asinh(torch.sinh(W2) + S3)
+    for t, W in enumerate((W1, W2, W3)):
+        torch.testing.assert_close(o[0, t, 0], W @ q[0, t, 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fin["W"][0, 0], W3, rtol=1e-12, atol=1e-12)
 
 
 def test_bregman_quadratic_potential_equals_no_retention():

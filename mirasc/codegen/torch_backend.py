@@ -18,6 +18,13 @@ from ..explain import equations
 from .printers import print_block
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
+LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
+
+
+def layer_source(spec: S.Spec) -> str:
+    """The Layer class shared by every emitted module (it only calls the module's own functions)."""
+    positive = spec.retention.kind == "kl" or (spec.retention.kind == "bregman" and D.derive(spec).positive_domain)
+    return f"\n\n_POSITIVE = {positive!r}  # initial weights must stay > 0 (kept fixed, not learned)" + LAYER
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
@@ -219,7 +226,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
-    return docstring(spec, d, kind, reason) + "\n" + body
+    return docstring(spec, d, kind, reason) + "\n" + body + layer_source(spec)
 
 
 def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> str:
