@@ -76,11 +76,19 @@ def load_source(source: str, name: str) -> types.ModuleType:
     return module
 
 
+_BY_TEXT: dict[str, types.ModuleType] = {}
+
+
 def compile_spec(text_or_path: str | Path) -> types.ModuleType:
-    """Compile a spec (text, or a path to a .miras file) and return the emitted module, in-process."""
+    """Compile a spec (text, or a path to a .miras file) and return the emitted module, in-process.
+    An unchanged spec text returns the already-built module (compilation is deterministic)."""
     text, path = _read(text_or_path)
+    if text in _BY_TEXT:
+        return _BY_TEXT[text]
     compiled = compile_text(text, path)
-    return load_source(compiled.source, compiled.spec.name)
+    module = load_source(compiled.source, compiled.spec.name)
+    _BY_TEXT[text] = module
+    return module
 
 
 def _read(text_or_path: str | Path) -> tuple[str, str]:

@@ -20,7 +20,7 @@ def _show(expr, latex: bool) -> str:
 
 def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (CONTRACT §3), with the derived pieces."""
-    m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
+    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
     if not spec.parametric:
         scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
@@ -30,17 +30,20 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     if m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
-        layers = " → ".join([f"h{i} = {m.act}(W{i} h{i - 1})" for i in range(1, m.depth)] + [f"y = W{m.depth} h{m.depth - 1}"])
+        layers = " → ".join([f"h{i} = {m.act}(W{i} h{i - 1})" for i in range(1, m.depth)]
+                            + [f"y = W{m.depth} h{m.depth - 1}"])
         norm = ", y ← LayerNorm(y)" if m.norm == "layernorm" else ""
         res = ", M(x) = x + y" if m.residual else ", M(x) = y"
         out.append(f"memory:     h0 = x, {layers}{norm}{res}")
     out.append(f"bias:       {d.loss_text}")
-    out.append(f"derived:    ∂ℓ/∂y = {_show(d.dloss, latex)}" + ("   (e = M(k) − v)" if d.dloss.has(sp.Symbol('e', real=True)) else ""))
+    residual_note = "   (e = M(k) − v)" if d.dloss.has(sp.Symbol("e", real=True)) else ""
+    out.append(f"derived:    ∂ℓ/∂y = {_show(d.dloss, latex)}{residual_note}")
     if l.kind == "implicit":
         out.append("            implicit step: e* = prox_{cℓ}(e), c = η_t‖k_t‖², ∂ℓ/∂y evaluated at e*")
     if m.kind == "mlp":
         out.append(f"derived:    {m.act}'(x) = {_show(d.act_grad, latex)}")
-        out.append("chain rule: ∇_{W_i} ℓ = δ_i h_{i−1}ᵀ, δ_L = LayerNorm'ᵀ ∂ℓ/∂y, δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
+        out.append("chain rule: ∇_{W_i} ℓ = δ_i h_{i−1}ᵀ, δ_L = LayerNorm'ᵀ ∂ℓ/∂y, "
+                   "δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
     at = "W_{t−1}"
     if par.kind == "minibatch":
         at = f"the anchor state (end of the previous chunk of {par.C})"
@@ -67,7 +70,8 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
         out.append(f"retention:  W_t = c·softmax({_sym(r.alpha, 'α')}·log W_{{t−1}} + U_t), c = {S.format_value(r.c)}"
                    "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))")
     elif r.kind == "elastic":
-        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = {_show(d.elastic, latex)} at a = A_t")
+        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  "
+                   f"W_t = {_show(d.elastic, latex)} at a = A_t")
     elif r.kind == "bregman":
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")

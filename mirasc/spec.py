@@ -7,13 +7,13 @@ combinations without a defined meaning) live in `check_combination`, each with i
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field
 
 GATE = "gate"
-Coef = Union[Literal["gate"], float]
+Coef = Literal["gate"] | float
 """A coefficient: the word `gate` (a per-token input of the op) or a constant number."""
 
 # Gate names are fixed by role (CONTRACT section 1). Parameter name -> gate name.

@@ -267,3 +267,43 @@ def test_titans_c2_matches_reference():
         got = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm=algorithm)
         tol = 1e-10 if algorithm == "recurrent" else 1e-9
         compare(got, want, tol, f"titans minibatch(2) {algorithm} vs reference")
+
+
+# ------------------------------------------------------------------------------------------ edge shapes
+
+
+@params
+def test_edge_lengths_and_unequal_dims(name):
+    """T = 1, one full chunk, one chunk + 1; Dk != Dv where the memory allows it; B=1, H=3."""
+    mod = module(name)
+    cfg = REF_CONFIGS[name]
+    mem = cfg["memory"]
+    Dk, Dv = (5, 5) if mem["kind"] == "mlp" and mem["residual"] else (5, 3)
+    C = cfg["parallel"]
+    chunk = C if C is not None else 4
+    algorithms = ("recurrent", "chunked") if mod.CHUNKED else ("recurrent",)
+    for T in (1, chunk, chunk + 1):
+        q, k, v, gates, state = make_case(name, f64, T=T, Dk=Dk, Dv=Dv, b=1, h=3)
+        want = reference_apply(name, q, k, v, gates, state)
+        for algorithm in algorithms:
+            got = mod.apply(
+                q, k, v, gates, state=state, backend="torch", algorithm=algorithm,
+                chunk_size=4 if (algorithm == "chunked" and C is None) else None,
+            )  # fmt: skip
+            assert got[0].shape == (1, T, 3, Dv)
+            tol = 1e-10 if algorithm == "recurrent" else 1e-9
+            compare(got, want, tol, f"{name} {algorithm} T={T} Dk={Dk} Dv={Dv} vs reference")
+
+
+@params
+def test_default_arguments(name):
+    """backend/algorithm 'auto' compute the same function; state=None gives a state with the documented keys."""
+    mod = module(name)
+    q, k, v, gates, state = make_case(name, f64, T=9, b=1, h=2)
+    want = reference_apply(name, q, k, v, gates, state)
+    compare(mod.apply(q, k, v, gates, state=state), want, 1e-9, f"{name} auto vs reference")
+    o, final = mod.apply(q, k, v, gates)
+    assert o.shape == v.shape and torch.isfinite(o).all()
+    assert set(final) == set(state_keys(name))
+    for key in state:
+        assert final[key].shape == state[key].shape, key
