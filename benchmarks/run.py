@@ -62,8 +62,11 @@ def bench_chunked_vs_recurrent(args, rows):
             rows.append((f"{Path(path).stem}: chunked vs recurrent", "—", "—", "no chunked form (exact nonlinear)"))
             continue
         q, k, v, gates = inputs(mod, B, T, H, D)
-        t_rec = timeit(lambda: mod.apply(q, k, v, gates, algorithm="recurrent"), args.repeat)
-        t_chk = timeit(lambda: mod.apply(q, k, v, gates, algorithm="chunked"), args.repeat)
+        def run(algorithm, mod=mod, q=q, k=k, v=v, gates=gates):
+            return mod.apply(q, k, v, gates, algorithm=algorithm)
+
+        t_rec = timeit(lambda: run("recurrent"), args.repeat)
+        t_chk = timeit(lambda: run("chunked"), args.repeat)
         rows.append((f"{Path(path).stem}: chunked vs recurrent (fwd)", f"{t_chk * 1e3:.1f} ms",
                      f"{t_rec * 1e3:.1f} ms", f"{t_rec / t_chk:.1f}x"))
 

@@ -25,7 +25,8 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     if not spec.parametric:
         scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
         out.append(f"κ(q, k) = exp(scale·q·k), scale = {scale}")
-        out.append("o_t = Σ_{s≤t} κ(q_t, k_s) v_s / Σ_{s≤t} κ(q_t, k_s)   (Nadaraya–Watson, causal)")
+        rng = f"t−{m.window}<s≤t" if m.window else "s≤t"
+        out.append(f"o_t = Σ_{{{rng}}} κ(q_t, k_s) v_s / Σ_{{{rng}}} κ(q_t, k_s)   (Nadaraya–Watson, causal)")
         return out
     if m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")

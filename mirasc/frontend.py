@@ -126,6 +126,11 @@ class _Builder:
         seen: dict[str, Tree] = {}
         values: dict[str, S.Form] = {}
         for f in fields:
+            if f.data == "block":
+                if "layer" in values:
+                    raise self.err(f.children[0], "block `layer` given twice")
+                values["layer"] = self.layer_block(f)
+                continue
             key_tok, form = f.children
             key = str(key_tok)
             if key not in S.VOCABULARY:
@@ -159,6 +164,31 @@ class _Builder:
                 target = self._find_arg(node.children[1], rej.param) or target
             raise self.err(target, f"illegal combination: {rej.message}") from None
         return spec
+
+    def layer_block(self, node: Tree) -> S.LayerOptions:
+        name_tok, *settings = node.children
+        if str(name_tok) != "layer":
+            raise self.err(name_tok, f"unknown block `{name_tok}`{suggest(str(name_tok), ['layer'])}; the only "
+                           "block is `layer { ... }` (fields are written `name = form`)")
+        params = S.params_of(S.LayerOptions)
+        kwargs, where = {}, {}
+        for st in settings:
+            key_tok, expr = st.children
+            key = str(key_tok)
+            if key not in params:
+                raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
+                               f"{_one_of(params)}")
+            if key in kwargs:
+                raise self.err(key_tok, f"layer option `{key}` given twice")
+            kwargs[key] = self.value("layer", "layer", key, expr)
+            where[key] = expr
+        try:
+            return S.LayerOptions(**kwargs)
+        except ValidationError as ve:
+            first = ve.errors()[0]
+            key = str(first.get("loc", ("",))[0])
+            raise self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
+                           f"{_explain(S.LayerOptions, key, first)}") from None
 
     @staticmethod
     def _find_arg(form: Tree, param: str):

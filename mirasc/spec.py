@@ -45,6 +45,7 @@ class Nonparametric(Form):
     kind: Literal["nonparametric"] = "nonparametric"
     kernel: Literal["softmax"] = "softmax"
     scale: Annotated[float, Field(gt=0)] | None = None  # None: 1/sqrt(Dk)
+    window: Annotated[int, Field(ge=0)] = 0  # sliding window: attend to the last `window` tokens (0: all)
 
 
 # ------------------------------------------------------------------------------------- bias
@@ -154,6 +155,19 @@ EXPRESSION_PARAMS = {("bias", "custom", "loss"): "e", ("retention", "bregman", "
 FIELD_DEFAULTS = {"retention": NoRetention(), "learner": GD(), "parallel": Exact()}
 
 
+class LayerOptions(Form):
+    """The layer around the memory op (CONTRACT §2 `Layer`); defaults of `Layer(d_model, num_heads, **options)`."""
+
+    kind: Literal["layer"] = "layer"
+    conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
+    gate_rank: Annotated[int, Field(ge=0, le=1024)] = 16  # low-rank gate projections (0: full rank)
+    eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
+    qk_norm: Literal["l2", "none"] = "l2"
+    out_norm: Literal["rms", "none"] = "rms"
+    out_gate: bool = True
+    head_dim: Annotated[int, Field(ge=0, le=4096)] = 0     # 0: d_model // num_heads
+
+
 def params_of(cls: type[Form]) -> list[str]:
     return [name for name in cls.model_fields if name != "kind"]
 
@@ -166,6 +180,7 @@ class Spec(BaseModel):
     retention: NoRetention | Decay | Lq | KL | Elastic | Bregman
     learner: GD | Momentum | Implicit | NonparametricLearner
     parallel: Exact | Minibatch
+    layer: LayerOptions = LayerOptions()
 
     # ------------------------------------------------------------------ derived facts
     @property
@@ -199,9 +214,12 @@ class Spec(BaseModel):
         lines = [f"model {self.name} {{"]
         for field in FIELDS:
             form = getattr(self, field)
-            args = [f"{p}={format_value(v)}" for p, v in form if p != "kind"]
+            args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
             text = form.kind + (f"({', '.join(args)})" if args else "")
             lines.append(f"    {field:<9} = {text}")
+        if self.layer != LayerOptions():
+            opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p != "kind")
+            lines.append(f"    layer {{ {opts} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"
 

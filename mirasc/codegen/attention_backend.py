@@ -21,5 +21,6 @@ def emit(spec: S.Spec, d: Derivation) -> str:
            "scaled_dot_product_attention call over [cache, new tokens].\n"
            '"""\n')
     body = TEMPLATE.replace("{{SPEC}}", spec.canonical())
+    body = body.replace("{{WINDOW}}", str(spec.memory.window))
     body = body.replace("{{SCALE}}", "None" if spec.memory.scale is None else repr(float(spec.memory.scale)))
     return doc + "\n" + body + layer_source(spec)

@@ -24,7 +24,8 @@ LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
 def layer_source(spec: S.Spec) -> str:
     """The Layer class shared by every emitted module (it only calls the module's own functions)."""
     positive = spec.retention.kind == "kl" or (spec.retention.kind == "bregman" and D.derive(spec).positive_domain)
-    return f"\n\n_POSITIVE = {positive!r}  # initial weights must stay > 0 (kept fixed, not learned)" + LAYER
+    defaults = {p: v for p, v in spec.layer if p != "kind"}
+    return LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
