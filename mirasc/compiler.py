@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import linecache
 import re
 import types
 from dataclasses import dataclass
@@ -70,7 +71,9 @@ def load_source(source: str, name: str) -> types.ModuleType:
     if key in _CACHE:
         return _CACHE[key]
     module = types.ModuleType(f"mirasc_generated_{name}")
-    module.__file__ = f"<mirasc:{name}>"
+    module.__file__ = f"<mirasc:{name}:{key[:12]}>"
+    # Register the text so inspect.getsource works on the module's functions (triton.jit needs it).
+    linecache.cache[module.__file__] = (len(source), None, source.splitlines(True), module.__file__)
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     _CACHE[key] = module
     return module

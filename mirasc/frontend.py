@@ -252,6 +252,13 @@ class _Builder:
             return float(expr.children[0])
         if expr.data == "neg" and expr.children[0].data == "number":
             return -float(expr.children[0].children[0])
+        if expr.data == "tuple":
+            items = []
+            for child in expr.children:
+                if child.data != "number":
+                    raise self.err(child, f"`{form}({param}=(...))` takes a tuple of numbers")
+                items.append(float(child.children[0]))
+            return tuple(items)
         if expr.data == "name":
             word = str(expr.children[0])
             if word in ("true", "false"):

@@ -42,10 +42,20 @@ class MLP(Form):
 
 
 class Nonparametric(Form):
+    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (CONTRACT §5)."""
+
     kind: Literal["nonparametric"] = "nonparametric"
-    kernel: Literal["softmax"] = "softmax"
-    scale: Annotated[float, Field(gt=0)] | None = None  # None: 1/sqrt(Dk)
-    window: Annotated[int, Field(ge=0)] = 0  # sliding window: attend to the last `window` tokens (0: all)
+    kernel: Literal["softmax", "additive", "poly"] = "softmax"
+    scale: Annotated[float, Field(gt=0)] | None = None    # softmax/poly: κ uses scale·q·k; None: 1/sqrt(Dk)
+    degree: Annotated[int, Field(ge=2, le=8)] = 2          # poly: Σ_{i<=degree} (scale q·k)^i / i! (even)
+    window: Annotated[int, Field(ge=0)] = 0                # attend to the last `window` tokens (0: all)
+    causal: bool = True                                    # false: cross-attention over another sequence
+    hops: Annotated[int, Field(ge=1, le=16)] = 1           # MemN2N query refinement u^{h+1} = u^h + o^h
+    tying: Literal["adjacent", "layerwise"] = "adjacent"   # MemN2N weight tying across hops
+    temporal: Annotated[int, Field(ge=0, le=65536)] = 0    # MemN2N temporal encoding over this many positions
+    score_conv: tuple[Annotated[int, Field(ge=1, le=64)], Annotated[int, Field(ge=1, le=64)]] | None = None  # MTA
+    head_mix: Annotated[int, Field(ge=1, le=256)] = 1      # MTA head-mixing group size (1: off)
+    head_norm: bool = False                                # MTA per-head RMS norm with depth scaling
 
 
 # ------------------------------------------------------------------------------------- bias
@@ -229,6 +239,8 @@ def format_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, float):
         return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    if isinstance(v, tuple):
+        return "(" + ", ".join(format_value(x) for x in v) + ")"
     if isinstance(v, sp.Basic):
         return str(v).replace("**", "^")
     if v is None:
@@ -259,6 +271,21 @@ def check_combination(spec: Spec) -> None:
                             "write `bias = l2`")
         if r.kind != "none":
             raise Rejection("retention", "a nonparametric memory keeps every pair; write `retention = none`")
+        if m.kernel == "poly" and m.degree % 2:
+            raise Rejection("memory", f"poly kernel of odd degree {m.degree} can be negative, and a Nadaraya-Watson "
+                            "weight must be positive; use an even degree (2, 4, ...)", param="degree")
+        if (m.score_conv is not None or m.head_mix > 1) and m.kernel != "softmax":
+            raise Rejection("memory", "Multi-Token Attention convolves the softmax kernel's pre-softmax scores; "
+                            "score_conv/head_mix need kernel=softmax")
+        if m.score_conv is not None and m.score_conv[1] % 2 == 0:
+            raise Rejection("memory", f"score_conv key width {m.score_conv[1]} must be odd (the key window is "
+                            "centred on each key)", param="score_conv")
+        if m.window and not m.causal:
+            raise Rejection("memory", "window=N is a causal sliding window; with causal=false the memory is a "
+                            "whole other sequence: drop window or set causal=true", param="window")
+        if m.hops > 1 and (m.score_conv is not None or m.head_mix > 1):
+            raise Rejection("memory", "multi-hop reads with Multi-Token Attention are not defined: use hops=1 "
+                            "with score_conv/head_mix", param="hops")
         if par.kind != "exact":
             raise Rejection("parallel", "a nonparametric memory has no mini-batch form; write `parallel = exact`")
         return

@@ -1,4 +1,6 @@
-"""Emitter for nonparametric memories (CONTRACT §5): the softmax kernel, i.e. causal attention."""
+"""Emitter for nonparametric memories (CONTRACT §5, issue 4): the Nadaraya–Watson read with the
+softmax, additive (Bahdanau) or polynomial kernel; windows, cross-attention, MemN2N hops with weight
+tying and temporal encoding, Multi-Token Attention; a flash-style Triton kernel where it applies."""
 
 from __future__ import annotations
 
@@ -7,20 +9,44 @@ from pathlib import Path
 from .. import spec as S
 from ..derive import Derivation
 from ..explain import equations
-from .torch_backend import layer_source
+from .torch_backend import layer_source, preprocess
 
-TEMPLATE = (Path(__file__).parent / "templates" / "attention_module.py.tmpl").read_text()
+TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
+TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
+
+
+def triton_form(m: S.Nonparametric) -> tuple[bool, str]:
+    """Whether the flash kernel computes this read exactly, or why not."""
+    if m.kernel != "softmax":
+        return False, f"the {m.kernel} kernel runs on the torch path (query-blocked, memory O(block x T))"
+    if m.hops > 1 or m.temporal or m.score_conv is not None or m.head_mix > 1 or m.head_norm:
+        return False, "hops, temporal encoding and Multi-Token Attention run on the torch path"
+    return True, ""
 
 
 def emit(spec: S.Spec, d: Derivation) -> str:
+    m = spec.memory
+    has_triton, reason = triton_form(m)
     eqs = "\n".join("    " + line for line in equations(spec, d))
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
-    doc = (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
+    triton_line = ("backend='triton' = a flash-style kernel (online softmax, tiled), forward and backward"
+                   if has_triton else f"no Triton kernel: {reason}")
+    doc = (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch (and triton if present).\n\n'
            f"Spec:\n\n{spec_text}\n\nNonparametric memory (Miras: the l2 bias solved by Nadaraya–Watson):\n\n{eqs}\n\n"
-           "Algorithms: recurrent = token loop over a growing key/value cache (reference); chunked = one masked\n"
-           "scaled_dot_product_attention call over [cache, new tokens].\n"
+           "Algorithms: recurrent = one query at a time over the growing cache (reference); chunked = blocks of\n"
+           f"queries against the whole cache (scores bounded to block x T); {triton_line}.\n"
            '"""\n')
-    body = TEMPLATE.replace("{{SPEC}}", spec.canonical())
-    body = body.replace("{{WINDOW}}", str(spec.memory.window))
-    body = body.replace("{{SCALE}}", "None" if spec.memory.scale is None else repr(float(spec.memory.scale)))
+    subs = {
+        "SPEC": spec.canonical(), "KERNEL": repr(m.kernel), "DEGREE": str(m.degree),
+        "SCALE": "None" if m.scale is None else repr(float(m.scale)), "WINDOW": str(m.window),
+        "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
+        "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
+        "NO_TRITON_REASON": reason.replace('"', "'"),
+    }
+    body = preprocess(TEMPLATE, {"triton": has_triton})
+    if has_triton:
+        body += TRITON
+    for key, val in subs.items():
+        body = body.replace("{{" + key + "}}", val)
     return doc + "\n" + body + layer_source(spec)

@@ -1,0 +1,574 @@
+"""`mirasc train SPEC`: train a byte-level language model whose mixers are the compiled spec.
+
+AdamW (no weight decay on norms, biases, embeddings and the memories' learned initial states), linear
+warmup then cosine decay to `min_lr`, gradient clipping, optional bf16 autocast, checkpoints
+(model, optimizer, step, RNG states, config) every `ckpt_every` steps and at the end, `--resume`, a
+progress display with tokens/s and loss, metrics as JSON lines, and the final validation loss in bits
+per byte (nats / ln 2).
+
+Configuration: `TrainConfig` defaults < `--config FILE.json` < command-line flags (on `--resume`, the
+checkpoint's config replaces the defaults). Data: the standard library's source by default, any local
+text folder with `--data DIR` (see `mirasc.data`); nothing is downloaded.
+
+Distributed: under `torchrun --nproc_per_node N ...` the same entry point uses DistributedDataParallel
+(gloo on CPU, nccl on GPU); `batch_size` is the global batch and rank r takes rows [r·B/N, (r+1)·B/N) of
+the batch a single process would draw, so N processes compute the same update as one. `--fsdp` shards
+parameters, gradients and optimizer state with PyTorch's FullyShardedDataParallel in its current form,
+`torch.distributed.fsdp.fully_shard` (FSDP2; each block and the root are sharded). The older
+`FullyShardedDataParallel` wrapper class (FSDP1) refuses to run without an accelerator in torch 2.13
+("FSDP needs a non-CPU accelerator device"), whereas `fully_shard` works on the CPU with gloo, so that is
+what `--fsdp` uses everywhere. Only rank 0 writes checkpoints, metrics and output.
+
+    python -m mirasc.train specs/gated_deltanet.miras --steps 200
+    torchrun --nproc_per_node 2 -m mirasc.train specs/titans.miras --batch-size 16 [--fsdp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+LN2 = math.log(2.0)
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    # model (LMConfig)
+    d_model: int = field(default=128, metadata={"help": "model width"})
+    n_layers: int = field(default=2, metadata={"help": "number of blocks"})
+    n_heads: int = field(default=2, metadata={"help": "memory heads per layer"})
+    mlp_hidden: int = field(default=0, metadata={"help": "SwiGLU hidden size (0: 8/3 d_model, rounded to 32)"})
+    hybrid_every: int = field(default=0, metadata={"help": "every N-th block is sliding-window attention (0: none)"})
+    window: int = field(default=256, metadata={"help": "window of the hybrid attention blocks"})
+    layer_options: dict = field(default_factory=dict,
+                                metadata={"help": "JSON object of Layer options, e.g. '{\"gate_rank\": 16}'"})
+    # data
+    data: str | None = field(default=None, metadata={"help": "text folder (default: the Python stdlib sources)"})
+    max_bytes: int | None = field(default=None, metadata={"help": "cap the corpus to this many bytes"})
+    val_fraction: float = field(default=0.05, metadata={"help": "fraction of files held out for validation"})
+    seq_len: int = field(default=128, metadata={"help": "training context length (bytes)"})
+    batch_size: int = field(default=8, metadata={"help": "global batch size (split over ranks)"})
+    # optimisation
+    steps: int = field(default=200, metadata={"help": "optimizer steps"})
+    lr: float = field(default=2e-3, metadata={"help": "peak learning rate"})
+    min_lr: float = field(default=2e-4, metadata={"help": "final learning rate of the cosine schedule"})
+    warmup: int = field(default=20, metadata={"help": "linear warmup steps"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max global gradient norm (0: no clipping)"})
+    # precision, device, parallelism
+    seed: int = field(default=0, metadata={"help": "seed of the initialisation and of the batch order"})
+    dtype: str = field(default="float32", metadata={"help": "parameter dtype: float32 or float64"})
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bf16 autocast (default: on for CUDA devices with bf16, off on the CPU)"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, cuda:N"})
+    fsdp: bool = field(default=False, metadata={"help": "shard with FSDP (fully_shard) instead of DDP"})
+    # output
+    out_dir: str | None = field(default=None, metadata={"help": "run directory (default: runs/SPEC_NAME)"})
+    log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
+    eval_every: int = field(default=0, metadata={"help": "validate every N steps (0: only at the end)"})
+    eval_windows: int = field(default=64, metadata={"help": "validation windows of seq_len bytes"})
+    ckpt_every: int = field(default=100, metadata={"help": "checkpoint every N steps (0: only at the end)"})
+    sample: int = field(default=0, metadata={"help": "generate this many bytes at the end (0: none)"})
+    progress: bool = field(default=True, metadata={"help": "progress bar (tqdm if installed)"})
+
+    def lm_config(self):
+        from mirasc.models import LMConfig
+
+        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                        mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every, window=self.window,
+                        layer_options=dict(self.layer_options))
+
+    def validate(self):
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        for name in ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "log_every", "eval_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 0 or self.warmup < 0 or self.ckpt_every < 0 or self.eval_every < 0:
+            raise ValueError("steps, warmup, ckpt_every and eval_every must be >= 0")
+        if not isinstance(self.layer_options, dict):
+            raise ValueError("layer_options must be a JSON object")
+
+
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
+                overrides: dict | None = None) -> TrainConfig:
+    """Defaults (or `base`) < JSON file < overrides (keys whose value is None are ignored)."""
+    values = asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
+    layers = [values]
+    if file:
+        with open(file) as fh:
+            loaded = json.load(fh)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{file}: expected a JSON object of TrainConfig fields")
+        layers.append(loaded)
+    layers.append({k: v for k, v in (overrides or {}).items() if v is not None})
+    merged = {}
+    for src, layer in zip(("checkpoint/base", file or "", "flags"), layers):
+        unknown = sorted(set(layer) - set(CONFIG_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown} in {src}; valid keys: {sorted(CONFIG_FIELDS)}")
+        merged.update(layer)
+    cfg = TrainConfig(**merged)
+    cfg.validate()
+    return cfg
+
+
+# -- command line ------------------------------------------------------------------------------------------
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`SPEC [--config FILE.json] [--resume [CKPT]] [--metrics FILE]` plus one flag per TrainConfig field."""
+    parser.add_argument("spec", help="a .miras file (or spec text)")
+    parser.add_argument("--config", metavar="FILE.json", help="JSON object of TrainConfig fields")
+    parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                        help=f"resume from CKPT (default: OUT_DIR/{CHECKPOINT}; starts fresh if it does not exist)")
+    parser.add_argument("--metrics", metavar="FILE", help=f"JSONL metrics file (default: OUT_DIR/{METRICS})")
+    parser.add_argument("--stop-at", type=int, metavar="STEP",
+                        help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
+    group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
+    hints = {"int": int, "float": float, "str": str, "int | None": int, "str | None": str}
+    for name, f in CONFIG_FIELDS.items():
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kw = {"dest": name, "default": None, "help": f"{f.metadata.get('help', '')} [{default}]"}
+        if f.type in ("bool", "bool | None"):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.type == "dict":
+            kw["type"], kw["metavar"] = json.loads, "JSON"
+        else:
+            kw["type"] = hints[f.type]
+            kw["metavar"] = name.upper() if name not in ("data", "out_dir") else "DIR"
+        group.add_argument(_flag(name), **kw)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
+    try:
+        train(args.spec, config_file=args.config, overrides=overrides, resume=args.resume, metrics=args.metrics,
+              stop_at=args.stop_at)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        print(f"mirasc train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="mirasc train", description=__doc__.split("\n\n")[0])
+    return run(add_arguments(parser).parse_args(argv))
+
+
+# -- pieces ------------------------------------------------------------------------------------------------
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup to cfg.lr over cfg.warmup steps, then cosine to cfg.min_lr at the last step."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup - 1)
+    t = min(1.0, (step - cfg.warmup) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices only: no decay on vectors (norms, biases), embeddings or the memories' `initial.*`."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        skip = p.dim() < 2 or "embed" in name or ".initial." in name or name.startswith("initial.")
+        (no_decay if skip else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def spec_name(text: str) -> str:
+    m = re.search(r"\bmodel\s+([A-Za-z_]\w*)", text)
+    return m.group(1) if m else "model"
+
+
+def _spec_text(spec: str) -> str:
+    """The spec's text: read from the file when `spec` names one, else `spec` itself."""
+    if "\n" not in spec and "{" not in spec:
+        p = Path(spec)
+        if not p.is_file():
+            raise FileNotFoundError(f"{spec}: no such spec file")
+        return p.read_text()
+    return spec
+
+
+class _Dist:
+    """Rank, world size and device; initialises the process group under torchrun."""
+
+    def __init__(self, device: str):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if device == "auto":
+            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+        elif device == "cuda" and self.world > 1:
+            device = f"cuda:{local}"
+        self.device = torch.device(device)
+        self.owns_group = False
+        if self.world > 1 and not dist.is_initialized():
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+            self.owns_group = True
+        self.on = self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, value: float) -> float:
+        if not self.on:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item() / self.world
+
+    def sum_(self, t: torch.Tensor) -> torch.Tensor:
+        if self.on:
+            dist.all_reduce(t)
+        return t
+
+    def barrier(self):
+        if self.on:
+            dist.barrier()
+
+    def close(self):
+        if self.owns_group:
+            dist.destroy_process_group()
+
+
+def _wrap(model, cfg: TrainConfig, env: _Dist):
+    """DDP, FSDP2 (fully_shard) or nothing. Returns the module to call for the training forward."""
+    if cfg.fsdp:
+        if not env.on:
+            raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node N")
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+        except ImportError as e:  # torch < 2.6
+            raise RuntimeError(f"--fsdp needs torch.distributed.fsdp.fully_shard (FSDP2): {e}") from e
+        mesh = init_device_mesh(env.device.type, (env.world,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if env.on:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+    return model
+
+
+def _full_state(model, optimizer, env: _Dist, cfg: TrainConfig):
+    """Unsharded, unwrapped (model_sd, optim_sd) on the CPU; under FSDP a collective, complete on rank 0."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_state_dict(model, optimizer, options=opts)
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, spec: str, env: _Dist):
+    model_sd, optim_sd = _full_state(model, optimizer, env, cfg)
+    if env.main:
+        ckpt = {"model": model_sd, "optimizer": optim_sd, "step": step, "config": asdict(cfg), "spec": spec,
+                "world_size": env.world,
+                "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(ckpt, tmp)
+        os.replace(tmp, path)
+    env.barrier()
+
+
+def load_checkpoint_into(ckpt: dict, model, optimizer):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=ckpt["model"], optim_state_dict=ckpt["optimizer"],
+                   options=StateDictOptions(full_state_dict=True))
+    rng = ckpt.get("rng") or {}
+    if rng.get("torch") is not None:
+        torch.set_rng_state(rng["torch"])
+    if rng.get("python") is not None:
+        random.setstate(rng["python"])
+    if rng.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def load_model(path: str | Path, map_location="cpu"):
+    """The LanguageModel stored in a checkpoint (for sampling or evaluation)."""
+    from mirasc.models import build
+
+    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    cfg = config_from(ckpt["config"])
+    model = build(ckpt["spec"], cfg.lm_config()).to(getattr(torch, cfg.dtype))
+    model.load_state_dict(ckpt["model"])
+    return model
+
+
+@torch.no_grad()
+def evaluate(model, data: torch.Tensor, cfg: TrainConfig, env: _Dist, autocast) -> float:
+    """Mean next-byte cross-entropy (nats) over deterministic validation windows, sharded over ranks (every
+    rank runs the same number of forwards, so FSDP's collectives line up)."""
+    from mirasc.data import eval_windows
+
+    x_all, y_all = eval_windows(data, cfg.seq_len, cfg.eval_windows)
+    local = max(1, cfg.batch_size // env.world)
+    per_round = local * env.world
+    total = torch.zeros(2, dtype=torch.float64, device=env.device)
+    for start in range(0, len(x_all), per_round):
+        lo = start + env.rank * local
+        idx = torch.arange(lo, lo + local)
+        valid = idx < len(x_all)
+        idx = torch.where(valid, idx, torch.zeros_like(idx))
+        x, y = x_all[idx].to(env.device), y_all[idx].to(env.device)
+        with autocast():
+            logits = model(x)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(len(idx), -1)
+        mask = valid.to(env.device)
+        total[0] += nll.sum(-1).double()[mask].sum()
+        total[1] += mask.sum() * cfg.seq_len
+    env.sum_(total)
+    return (total[0] / total[1]).item()
+
+
+class _Progress:
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self.bar = tqdm(total=total, initial=start, desc="train", unit="step", dynamic_ncols=True)
+            except ImportError:
+                pass
+        self.enabled = enabled
+
+    def update(self, step: int, total: int, rec: dict, advance: int):
+        if self.bar is not None:
+            self.bar.update(advance)
+            self.bar.set_postfix(loss=f"{rec['loss']:.4f}", lr=f"{rec['lr']:.2e}",
+                                 tok_s=f"{rec['tokens_per_s']:,.0f}", refresh=False)
+        elif self.enabled:
+            print(f"step {step:>6}/{total}  loss {rec['loss']:.4f}  lr {rec['lr']:.2e}  "
+                  f"gnorm {rec['grad_norm']:.3f}  {rec['tokens_per_s']:,.0f} tok/s", flush=True)
+
+    def write(self, msg: str):
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _rewrite_metrics(path: Path, keep_upto: int):
+    """On resume: drop records past the checkpoint's step so the file holds one clean trajectory."""
+    if not path.exists():
+        return
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln).get("step", 0) <= keep_upto and json.loads(ln).get("kind") != "final"]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+# -- the loop ----------------------------------------------------------------------------------------------
+def train(spec: str, config: TrainConfig | None = None, *, config_file: str | None = None,
+          overrides: dict | None = None, resume: str | None = None, metrics: str | None = None,
+          stop_at: int | None = None) -> dict:
+    """Train and return a summary: {"step", "val_loss", "val_bpb", "losses" (per logged step: (step, loss)),
+    "out_dir", "checkpoint", "params", "model" (the unwrapped module)}.
+
+    resume: a checkpoint path, or "auto" for OUT_DIR/checkpoint.pt (a fresh start if it does not exist); the
+    run then continues with the checkpoint's config (or `config` if given), updated by the file and overrides.
+    stop_at: checkpoint and return after this step (a preemption; the LR schedule still targets cfg.steps)."""
+    cfg = config_from(config, config_file, overrides)
+    text = _spec_text(spec)
+    name = spec_name(text)
+    out_dir = Path(cfg.out_dir or f"runs/{name}")
+    ckpt_path = out_dir / CHECKPOINT
+    ckpt = None
+    if resume is not None:
+        src = ckpt_path if resume == "auto" else Path(resume)
+        if src.exists():
+            ckpt = torch.load(src, map_location="cpu", weights_only=False)
+            cfg = config_from(config or ckpt["config"], config_file, overrides)
+            out_dir = Path(cfg.out_dir or out_dir)
+            ckpt_path = out_dir / CHECKPOINT
+        elif resume != "auto":
+            raise FileNotFoundError(f"--resume {resume}: no such checkpoint")
+    metrics_path = Path(metrics) if metrics else out_dir / METRICS
+
+    env = _Dist(cfg.device)
+    try:
+        return _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at)
+    finally:
+        env.close()
+
+
+def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at):
+    from mirasc.data import BatchSampler, load_corpus
+    from mirasc.models import build
+
+    dtype = getattr(torch, cfg.dtype)
+    bf16 = cfg.bf16
+    if bf16 is None:
+        bf16 = env.device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if bf16 and dtype == torch.float64:
+        raise ValueError("bf16 autocast and dtype float64 do not go together")
+    if bf16 and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU does not support bf16")
+
+    def autocast():
+        if not bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(env.device.type, dtype=torch.bfloat16)
+
+    corpus = load_corpus(cfg.data, max_bytes=cfg.max_bytes, val_fraction=cfg.val_fraction)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    raw = build(text, cfg.lm_config()).to(device=env.device, dtype=dtype)
+    n_params = raw.num_params()
+    model = _wrap(raw, cfg, env)
+    optimizer = torch.optim.AdamW(param_groups(raw, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                  eps=1e-8, foreach=False if cfg.fsdp else None)
+    start = 0
+    if ckpt is not None:
+        load_checkpoint_into(ckpt, model, optimizer)
+        start = int(ckpt["step"])
+    sampler = BatchSampler(corpus.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=env.rank,
+                           world_size=env.world)
+
+    def record(rec):
+        if env.main:
+            with metrics_path.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
+    if env.main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        if ckpt is None:
+            metrics_path.write_text("")
+        else:
+            _rewrite_metrics(metrics_path, start)
+    progress = _Progress(cfg.steps, start, cfg.progress and env.main)
+    mode = "fsdp" if cfg.fsdp else "ddp" if env.on else "single"
+    if env.main:
+        progress.write(f"mirasc train: {name}, {n_params:,} parameters, {mode} x{env.world} on {env.device}, "
+                       f"{cfg.dtype}{' + bf16 autocast' if bf16 else ''}; {corpus.describe()}"
+                       + (f"; resumed at step {start}" if start else ""))
+        if start == 0:
+            record({"kind": "config", "step": 0, "spec": name, "params": n_params, "world_size": env.world,
+                    "mode": mode, "config": asdict(cfg), "train_bytes": len(corpus.train),
+                    "val_bytes": len(corpus.val)})
+
+    losses = []
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    t_last, steps_since, t0 = time.perf_counter(), 0, time.perf_counter()
+    model.train()
+    end = cfg.steps if stop_at is None else max(start, min(cfg.steps, stop_at))
+    for step in range(start, end):
+        lr = lr_at(step, cfg)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        x, y = sampler.batch(step)
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        with autocast():
+            _, loss = model(x, y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        steps_since += 1
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            loss_v = env.mean(loss.item())
+            now = time.perf_counter()
+            rec = {"kind": "train", "step": done, "loss": loss_v, "bpb": loss_v / LN2, "lr": lr,
+                   "grad_norm": float(norm), "tokens_per_s": steps_since * tokens_per_step / max(now - t_last, 1e-9),
+                   "elapsed_s": now - t0}
+            losses.append((done, loss_v))
+            record(rec)
+            progress.update(done, cfg.steps, rec, steps_since)
+            t_last, steps_since = now, 0
+        if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
+            v = evaluate(model, corpus.val, cfg, env, autocast)
+            record({"kind": "val", "step": done, "loss": v, "bpb": v / LN2})
+            if env.main:
+                progress.write(f"step {done}: val loss {v:.4f} nats/byte, {v / LN2:.4f} bits/byte")
+        if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != end:
+            save_checkpoint(ckpt_path, model, optimizer, done, cfg, text, env)
+    progress.close()
+
+    final_step = max(start, end)
+    if end > start:
+        save_checkpoint(ckpt_path, model, optimizer, final_step, cfg, text, env)
+    if final_step < cfg.steps:  # stopped early on purpose: no final evaluation, resume later
+        if env.main:
+            print(f"stopped at step {final_step}/{cfg.steps}; checkpoint {ckpt_path} (resume with --resume)",
+                  flush=True)
+        return {"step": final_step, "val_loss": None, "val_bpb": None, "losses": losses, "out_dir": str(out_dir),
+                "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
+    val = evaluate(model, corpus.val, cfg, env, autocast)
+    bpb = val / LN2
+    record({"kind": "final", "step": final_step, "val_loss": val, "val_bpb": bpb, "params": n_params,
+            "elapsed_s": time.perf_counter() - t0})
+    if env.main:
+        print(f"final: step {final_step}, validation {val:.4f} nats/byte = {bpb:.4f} bits/byte "
+              f"(perplexity {math.exp(val):.3f} per byte); checkpoint {ckpt_path}; metrics {metrics_path}",
+              flush=True)
+    if cfg.sample:
+        _sample(raw, model, optimizer, corpus, cfg, env, text)
+    return {"step": final_step, "val_loss": val, "val_bpb": bpb, "losses": losses, "out_dir": str(out_dir),
+            "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
+
+
+def _sample(raw, model, optimizer, corpus, cfg, env, text):
+    """Rank 0 prints `cfg.sample` generated bytes after a validation prompt (FSDP: from an unsharded copy)."""
+    from mirasc.models import build
+
+    if cfg.fsdp:
+        model_sd, _ = _full_state(model, optimizer, env, cfg)
+        if not env.main:
+            return
+        raw = build(text, cfg.lm_config()).to(getattr(torch, cfg.dtype))
+        raw.load_state_dict(model_sd)
+    if not env.main:
+        return
+    prompt = corpus.val[:64].long()[None].to(next(raw.parameters()).device)
+    g = torch.Generator(device=prompt.device).manual_seed(cfg.seed)
+    out = raw.generate(prompt, cfg.sample, temperature=0.8, top_k=40, generator=g)
+    decoded = bytes(out[0].tolist()).decode("utf-8", errors="replace")
+    print(f"--- sample (prompt: first 64 validation bytes) ---\n{decoded}\n---", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
