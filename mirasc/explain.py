@@ -23,11 +23,7 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
     if not spec.parametric:
-        scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
-        out.append(f"κ(q, k) = exp(scale·q·k), scale = {scale}")
-        rng = f"t−{m.window}<s≤t" if m.window else "s≤t"
-        out.append(f"o_t = Σ_{{{rng}}} κ(q_t, k_s) v_s / Σ_{{{rng}}} κ(q_t, k_s)   (Nadaraya–Watson, causal)")
-        return out
+        return _nonparametric(m)
     if m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
@@ -77,4 +73,47 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
     out.append("read:       o_t = M_{W_t}(q_t)")
+    return out
+
+
+def _nonparametric(m: S.Nonparametric) -> list[str]:
+    scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
+    out = []
+    if m.kernel == "softmax":
+        out.append(f"kernel:     κ(u, k) = exp(scale·u·k), scale = {scale}")
+    elif m.kernel == "additive":
+        out.append("kernel:     κ(u, k) = exp(wᵀ tanh(W_q u + W_k k))   (Bahdanau; W_q, W_k ∈ ℝ^{Dk×Dk}, w ∈ ℝ^Dk "
+                   "learned per head)")
+    else:
+        out.append(f"kernel:     κ(u, k) = Σ_{{i≤{m.degree}}} (scale·u·k)^i / i!, scale = {scale}   "
+                   "(truncated exp, positive for even degree)")
+    if m.temporal:
+        out.append(f"temporal:   k_s ← k_s + T_A[d], v_s ← v_s + T_C[d], d = {'t − s' if m.causal else 'Tk − 1 − s'}"
+                   f" < {m.temporal} (learned; pairs with d ≥ {m.temporal} get none)")
+    if m.causal:
+        rng = f"t−{m.window}<s≤t" if m.window else "s≤t"
+    else:
+        rng = "s"
+        out.append("memory:     the given (k_s, v_s), s = 1..Tk, read by every query (cross-attention, no mask)")
+    if m.score_conv is not None or m.head_mix > 1:
+        out.append("scores:     a_ts = log κ(u_t, k_s), masked to 0 where s is not visible (Mask_0)")
+        if m.score_conv is not None:
+            cq, ck = m.score_conv
+            out.append(f"MTA conv:   a_ts ← Σ_{{i<{cq}, |j|≤{ck // 2}}} θ_ij a_(t−i)(s−j)   (past queries, centred keys; "
+                       "θ learned per head, identity init)")
+        if m.head_mix > 1:
+            out.append(f"head mix:   a^h ← Σ_g M_hg a^g within groups of {m.head_mix} heads (learned, identity init)")
+        out.append(f"read:       o_t = Σ_{{{rng}}} softmax_s(a_t·) v_s   (invisible keys masked to −∞)")
+    else:
+        out.append(f"read:       o_t = Σ_{{{rng}}} κ(u_t, k_s) v_s / Σ_{{{rng}}} κ(u_t, k_s)   (Nadaraya–Watson)")
+    if m.hops > 1:
+        if m.tying == "adjacent":
+            out.append(f"hops:       u¹ = q; for h = 1..{m.hops}: o^h = read(u^h; K_h, V_h), u^(h+1) = u^h + o^h; "
+                       "K_1 = k, V_1 = v, K_(h+1) = V_h, V_(h+1) = V_h P_h (adjacent tying)")
+        else:
+            out.append(f"hops:       u¹ = q; for h = 1..{m.hops}: o^h = read(u^h; k, v), u^(h+1) = u^h H + o^h "
+                       "(layer-wise tying)")
+        out.append(f"output:     o = u^({m.hops + 1}) − u¹")
+    if m.head_norm:
+        out.append("norm:       o ← RMSNorm(o)·g_h, g_h initialised to 1 − λ_init, λ_init = 0.8 − 0.6·exp(−0.3·layer)")
     return out

@@ -283,6 +283,9 @@ def check_combination(spec: Spec) -> None:
         if m.window and not m.causal:
             raise Rejection("memory", "window=N is a causal sliding window; with causal=false the memory is a "
                             "whole other sequence: drop window or set causal=true", param="window")
+        if m.temporal and m.kernel != "softmax":
+            raise Rejection("memory", "temporal encoding adds T_A to the keys inside the softmax kernel's dot "
+                            "product; it needs kernel=softmax", param="temporal")
         if m.hops > 1 and (m.score_conv is not None or m.head_mix > 1):
             raise Rejection("memory", "multi-hop reads with Multi-Token Attention are not defined: use hops=1 "
                             "with score_conv/head_mix", param="hops")
