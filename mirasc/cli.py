@@ -43,16 +43,34 @@ def _load(path: str):
 def cmd_compile(args) -> int:
     compiled = _load(args.spec)
     out_dir = Path(args.output)
-    out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"{Path(args.spec).stem}.py"
-    target.write_text(compiled.source, encoding="utf-8")
-    print(f"wrote {target} ({len(compiled.source.splitlines())} lines)")
+    source = compiled.source + (_model_source() if args.model else "")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        target.write_text(source, encoding="utf-8")
+    except OSError as err:
+        print(f"error: cannot write {target}: {err.strerror or err} (-o takes a directory)", file=sys.stderr)
+        return 2
+    print(f"wrote {target} ({len(source.splitlines())} lines{', with the language model' if args.model else ''})")
     if args.dump_ir:
         ir_path = out_dir / f"{Path(args.spec).stem}.ir"
         ir_path.write_text(compiled.dump_ir(), encoding="utf-8")
         print(compiled.dump_ir(), end="")
         print(f"wrote {ir_path}")
     return 0
+
+
+def _model_source() -> str:
+    """mirasc.models' standalone part, appended to an emitted module (`compile --model`)."""
+    text = (Path(__file__).parent / "models.py").read_text(encoding="utf-8")
+    body = text.split("# ---- standalone: begin")[1].split("# ---- standalone: end")[0]
+    body = body.split("\n", 1)[1]
+    return ("\n\n# " + "-" * 94 + "\n# Language model (mirasc.models): RMSNorm, mixer = Layer above, SwiGLU MLP, tied byte "
+            "embeddings.\n# " + "-" * 94 + "\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n" + body.rstrip()
+            + "\n\n\ndef make_model(cfg=None):\n    \"\"\"A byte-level LM whose every block mixes with this module's Layer "
+            "(no hybrid blocks: those need a second compiled memory).\"\"\"\n    cfg = cfg or LMConfig()\n"
+            "    if cfg.hybrid_every:\n        raise ValueError(\"hybrid stacks need mirasc.models.build()\")\n"
+            "    return LanguageModel(cfg, lambda d, h: Layer(d, h, **cfg.layer_options))\n")
 
 
 def cmd_check(args) -> int:
@@ -124,6 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("-o", "--output", default="out", help="output directory (default: out)")
     p.add_argument("--dump-ir", action="store_true", help="print and write the dataflow graphs")
+    p.add_argument("--model", action="store_true", help="also emit the byte-level language model (make_model())")
     p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("check", help="parse and validate a spec")
     p.add_argument("spec")
@@ -132,6 +151,11 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
+    from . import train
+
+    p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
+    train.add_arguments(p)
+    p.set_defaults(fn=train.run)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
     p.add_argument("--batch", type=int, default=2)

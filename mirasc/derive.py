@@ -66,10 +66,26 @@ def derive(spec: S.Spec) -> Derivation:
     d = Derivation(spec)
     if not spec.parametric:
         return d
-    _derive_bias(spec, d)
-    _derive_memory(spec, d)
-    _derive_retention(spec, d)
+    for field, stage in (("bias", _derive_bias), ("memory", _derive_memory), ("retention", _derive_retention)):
+        try:
+            stage(spec, d)
+        except DerivationError:
+            raise
+        except Exception as err:  # SymPy on extreme input (huge powers, unsupported forms): a spec error
+            raise DerivationError(field, f"cannot derive the {field} in closed form "
+                                  f"({err.__class__.__name__}: {str(err)[:80]})") from None
     return d
+
+
+def _check_codegen(expr: sp.Expr, field: str, what: str, param: str | None = None) -> None:
+    """Every derived expression must print as torch code (e.g. LambertW has no torch function)."""
+    from .codegen.printers import TorchPrinter
+
+    try:
+        TorchPrinter().doprint(expr)
+    except NotImplementedError as err:
+        raise DerivationError(field, f"{what} needs {err}; no tensor library function exists for it — choose a "
+                              "form whose derivative/inverse uses exp, log, powers, trig or tanh", param=param) from None
 
 
 # ------------------------------------------------------------------------------------ bias
@@ -103,6 +119,7 @@ def _derive_bias(spec: S.Spec, d: Derivation) -> None:
     if spec.learner.kind == "implicit":
         dl = _proximal(dl, d)
     _check_printable(dl, "bias", "the loss derivative")
+    _check_codegen(dl, "bias", "the loss derivative")
     d.dloss = dl
     d.equations.append(("∂ℓ/∂y", dl))
 
@@ -142,7 +159,7 @@ def _check_printable(expr: sp.Expr, field: str, what: str) -> None:
         vals = {**args, e: probe, enorm: abs(probe) + 0.1}
         try:
             val = complex(expr.subs(vals).evalf())
-        except (TypeError, ValueError, ZeroDivisionError):
+        except Exception:  # overflow in mpmath/decimal, non-numeric results: not finite
             val = complex("nan")
         if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
             raise DerivationError(field, f"{what} is not finite and real at e = {probe} (it evaluates to "
@@ -217,6 +234,13 @@ def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
         raise DerivationError("retention", f"bregman: cannot invert φ'(w) = {dphi} in closed form; choose a "
                               "potential whose derivative SymPy can invert (e.g. w*log(w), w^4/4, cosh(w))",
                               param="phi")
+    for u0 in (-5.0, 0.0, 5.0):  # a Legendre potential: φ' maps onto all of ℝ, so every φ'(W) + U is invertible
+        if _num(chosen.subs(u, u0), None) is None:
+            raise DerivationError("retention", f"bregman: φ'(w) = {dphi} does not map onto all reals ((φ')⁻¹({u0}) "
+                                  "is undefined), so an update could leave its range; use a potential whose "
+                                  "derivative is onto, e.g. w*log(w), cosh(w), w^4/4", param="phi")
+    _check_codegen(dphi, "retention", "φ'", param="phi")
+    _check_codegen(chosen, "retention", "(φ')⁻¹", param="phi")
     d.phi_prime, d.phi_prime_inv = dphi, chosen
     d.equations.append(("φ(w)", phi))
     d.equations.append(("φ'(w)", dphi))
@@ -250,7 +274,7 @@ def _real_odd_roots(expr: sp.Expr) -> sp.Expr:
 def _num(expr: sp.Expr, at: float | None):
     try:
         val = complex((expr.subs(w, at) if at is not None else expr).evalf())
-    except (TypeError, ValueError, ZeroDivisionError):
+    except Exception:
         return None
     if not math.isfinite(val.real) or abs(val.imag) > 1e-9:
         return None

@@ -7,6 +7,8 @@ may escape as a Python traceback: lark errors, pydantic errors and sympy errors 
 from __future__ import annotations
 
 import difflib
+import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,12 @@ def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
     if isinstance(err, UnexpectedEOF):
         return SpecError(path, line, col, "unexpected end of file; expected "
                          f"{_describe_expected(err.expected)} (is a `}}` or `)` missing?)")
+    if isinstance(err, UnexpectedToken) and err.token.type == "$END":
+        body = text.rstrip()
+        line = body.count("\n") + 1
+        col = len(body) - (body.rfind("\n") + 1) + 1 + 1  # just after the last character
+        return SpecError(path, line, col, "unexpected end of file; expected "
+                         f"{_describe_expected(err.expected)} (is a closing `}}` or `)` missing?)")
     if isinstance(err, UnexpectedToken):
         tok = err.token
         got = "end of file" if tok.type == "$END" else f"`{tok}`"
@@ -232,6 +240,7 @@ class _Builder:
                 raise self.err(a, f"parameter `{key}` of `{name}` given twice")
             kwargs[key] = self.value(field, name, key, expr)
             where[key] = expr
+            self._check_kind(cls, name, key, kwargs[key], expr)
         try:
             return cls(**kwargs)
         except ValidationError as ve:
@@ -243,15 +252,33 @@ class _Builder:
                 raise self.err(name_tok, f"`{name}` needs parameter `{key}`, e.g. `{name}({key}=...)`") from None
             raise self.err(target, f"bad value for `{name}({key}=...)`: {_explain(cls, key, first)}") from None
 
+    def _check_kind(self, cls, form: str, key: str, value, node) -> None:
+        """Booleans only where a flag is expected, numbers never there (pydantic would coerce both)."""
+        annotation = str(cls.model_fields[key].annotation)
+        is_flag = cls.model_fields[key].annotation is bool
+        if isinstance(value, bool) and not is_flag:
+            raise self.err(node, f"`{form}({key}=...)` takes {_expected_kind(annotation)}, not `{str(value).lower()}`")
+        if is_flag and not isinstance(value, bool):
+            raise self.err(node, f"`{form}({key}=...)` takes true or false")
+        words = _literal_words(cls.model_fields[key].annotation)
+        if isinstance(value, str) and value not in words:
+            if not words or "gate" in words:  # a number (or gate) is expected: never parse words as numbers
+                raise self.err(node, f"`{form}({key}=...)` takes {_expected_kind(annotation)}, not `{value}`")
+        if is_flag and not isinstance(value, bool):
+            raise self.err(node, f"`{form}({key}=...)` takes true or false")
+        if key in S.GATE_OF_PARAM and isinstance(value, float) and not _coef_ok(key, value):
+            raise self.err(node, f"bad value for `{form}({key}=...)`: {S.COEF_RANGE[key][2]}, or `gate`")
+
     def value(self, field: str, form: str, param: str, expr: Tree):
         """A literal argument: number, identifier, true/false, or (for expression params) an expression."""
         symbol = S.EXPRESSION_PARAMS.get((field, form, param))
         if symbol is not None:
             return self.expression(expr, symbol)
-        if expr.data == "number":
-            return float(expr.children[0])
-        if expr.data == "neg" and expr.children[0].data == "number":
-            return -float(expr.children[0].children[0])
+        if expr.data == "number" or (expr.data == "neg" and expr.children[0].data == "number"):
+            value = float(expr.children[0]) if expr.data == "number" else -float(expr.children[0].children[0])
+            if not math.isfinite(value):
+                raise self.err(expr, f"`{form}({param}=...)` must be a finite number")
+            return value
         if expr.data == "tuple":
             items = []
             for child in expr.children:
@@ -317,16 +344,44 @@ class _Builder:
             expr = walk(node)
         except SpecError:
             raise
-        except (TypeError, ValueError, ZeroDivisionError, RecursionError) as err:
-            raise self.err(node, f"cannot build expression: {err}") from None
+        except Exception as err:  # sympy can fail in many ways on extreme input (huge powers, ...)
+            raise self.err(node, f"cannot build expression ({err.__class__.__name__}); keep constants and "
+                           "exponents moderate") from None
+        # One spelling per function, so canonical() text parses back to the same expression.
+        expr = expr.replace(sp.Abs, lambda arg: apow(arg, sp.Integer(1)))
         if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
             raise self.err(node, "expression is not finite")
         return expr
 
 
+def _literal_words(annotation) -> set[str]:
+    """Every word a field's type accepts (the values of its Literal parts)."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return {a for a in typing.get_args(annotation) if isinstance(a, str)}
+    out: set[str] = set()
+    for arg in typing.get_args(annotation):
+        out |= _literal_words(arg)
+    return out
+
+
+def _expected_kind(annotation: str) -> str:
+    if "gate" in annotation:
+        return "a number or `gate`"
+    if "Literal" in annotation:
+        return "one of the listed words"
+    return "a number"
+
+
+def _coef_ok(key: str, value: float) -> bool:
+    lo, hi, _ = S.COEF_RANGE[key]
+    return lo(value) and hi(value)
+
+
 def _explain(cls, key: str, err: dict) -> str:
     field = cls.model_fields.get(key)
     msg = err.get("msg", "invalid value")
+    if field is not None and "gate" in str(field.annotation):
+        return f"{msg.replace('Input should be', 'expected')}; write a number or `gate`"
     if err.get("type") == "literal_error" and field is not None:
         return f"{msg}"
     constraints = []
@@ -336,6 +391,4 @@ def _explain(cls, key: str, err: dict) -> str:
                 if getattr(m, attr, None) is not None:
                     constraints.append(f"{sym} {getattr(m, attr)}")
     rng = f" (accepted: {' and '.join(constraints)})" if constraints else ""
-    if field is not None and field.annotation is not None and "gate" in str(field.annotation):
-        rng += "; write a number or `gate`"
     return f"{msg}{rng}"

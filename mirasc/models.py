@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# ---- standalone: begin (this part is appended to modules by `mirasc compile --model`)
 @dataclass
 class LMConfig:
     vocab_size: int = 256          # bytes
@@ -143,6 +144,9 @@ class LanguageModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+# ---- standalone: end
 
 
 def sliding_window_spec(window: int) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import sympy as sp
+from sympy.printing.precedence import precedence
+from sympy.printing.str import StrPrinter
 from pydantic import BaseModel, ConfigDict, Field
 
 GATE = "gate"
@@ -19,6 +21,13 @@ Coef = Literal["gate"] | float
 # Gate names are fixed by role (CONTRACT section 1). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
 GATE_ORDER = ("eta", "alpha", "theta", "delta")
+# Accepted constant values of each coefficient (the same ranges the Layer's gates produce).
+COEF_RANGE = {
+    "lr": (lambda x: x >= 0, lambda x: True, "a learning rate is >= 0"),
+    "alpha": (lambda x: x >= 0, lambda x: x <= 1, "a retention factor is in [0, 1]"),
+    "theta": (lambda x: x >= 0, lambda x: x <= 1, "a momentum factor is in [0, 1]"),
+    "delta": (lambda x: x > 0, lambda x: True, "a Huber threshold is > 0"),
+}
 # Value a coefficient takes when the spec does not declare it.
 UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
 
@@ -242,10 +251,37 @@ def format_value(v: Any) -> str:
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
     if isinstance(v, sp.Basic):
-        return str(v).replace("**", "^")
+        return SpecPrinter().doprint(v)
     if v is None:
         return "default"
     return str(v)
+
+
+class SpecPrinter(StrPrinter):
+    """Prints an expression back in the spec language (so canonical() text parses again)."""
+
+    def _print_apow(self, expr):
+        x, a = expr.args
+        return f"abs({self._print(x)})" if a == 1 else f"abs({self._print(x)})^({self._print(a)})"
+
+    def _print_spow(self, expr):
+        x, a = expr.args
+        return f"sign({self._print(x)})*abs({self._print(x)})^({self._print(a)})"
+
+    def _print_Abs(self, expr):
+        return f"abs({self._print(expr.args[0])})"
+
+    def _print_Exp1(self, expr):
+        return "exp(1)"
+
+    def _print_Pow(self, expr, rational=False):
+        base, ex = expr.args
+        if ex == sp.Rational(1, 2):
+            return f"sqrt({self._print(base)})"
+        return f"{self.parenthesize(base, precedence(expr), strict=True)}^({self._print(ex)})"
+
+    def _print_Float(self, expr):
+        return repr(float(expr))
 
 
 class Rejection(Exception):

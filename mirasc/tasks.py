@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -162,7 +162,7 @@ def check_mqar(cfg: MQARConfig, inputs, targets, mask) -> None:
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 WORDS = (
     "apple river stone cloud garden silver window forest candle bridge orange violet winter summer "
-    "yellow copper rabbit falcon marble meadow harbor island valley desert planet rocket pencil "
+    "copper rabbit falcon marble meadow harbor island valley desert planet rocket pencil "
     "ladder mirror basket jacket lemon tiger zebra dolphin cactus pepper walnut cherry maple cedar "
     "anchor barrel castle dragon engine feather glacier hammer jungle kettle lantern magnet needle "
     "oyster parrot quartz saddle tunnel velvet wizard yogurt puzzle button carpet donkey eagle fossil "
@@ -254,7 +254,8 @@ def generate_niah(cfg: NIAHConfig, n: int, seed: int = 0):
     return _as_tensors(rows_in, rows_tg, rows_mask)
 
 
-_QUESTION = re.compile(r"What is the (pass key)\? The pass key is $|What is the magic (number|word) for (\w+)\? It is $")
+_QUESTION = re.compile(r"What is the (pass key)\? The pass key is $"
+                       r"|What is the magic (number|word) for (\w+)\? It is $")
 
 
 def oracle_niah(inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

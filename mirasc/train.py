@@ -115,16 +115,16 @@ def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
                 overrides: dict | None = None) -> TrainConfig:
     """Defaults (or `base`) < JSON file < overrides (keys whose value is None are ignored)."""
     values = asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
-    layers = [values]
+    layers = [("the base config", values)]
     if file:
         with open(file) as fh:
             loaded = json.load(fh)
         if not isinstance(loaded, dict):
             raise ValueError(f"{file}: expected a JSON object of TrainConfig fields")
-        layers.append(loaded)
-    layers.append({k: v for k, v in (overrides or {}).items() if v is not None})
+        layers.append((file, loaded))
+    layers.append(("the overrides", {k: v for k, v in (overrides or {}).items() if v is not None}))
     merged = {}
-    for src, layer in zip(("checkpoint/base", file or "", "flags"), layers):
+    for src, layer in layers:
         unknown = sorted(set(layer) - set(CONFIG_FIELDS))
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown} in {src}; valid keys: {sorted(CONFIG_FIELDS)}")
@@ -166,10 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
+    from mirasc.frontend import SpecError
+
     try:
         train(args.spec, config_file=args.config, overrides=overrides, resume=args.resume, metrics=args.metrics,
               stop_at=args.stop_at)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:
+    except (SpecError, ValueError, OSError) as e:  # usage errors (bad spec, config, data, resume path)
         print(f"mirasc train: error: {e}", file=sys.stderr)
         return 2
     return 0
@@ -270,7 +272,7 @@ def _wrap(model, cfg: TrainConfig, env: _Dist):
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
         except ImportError as e:  # torch < 2.6
-            raise RuntimeError(f"--fsdp needs torch.distributed.fsdp.fully_shard (FSDP2): {e}") from e
+            raise ValueError(f"--fsdp needs torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6): {e}") from e
         mesh = init_device_mesh(env.device.type, (env.world,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
@@ -408,7 +410,10 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
     resume: a checkpoint path, or "auto" for OUT_DIR/checkpoint.pt (a fresh start if it does not exist); the
     run then continues with the checkpoint's config (or `config` if given), updated by the file and overrides.
     stop_at: checkpoint and return after this step (a preemption; the LR schedule still targets cfg.steps)."""
+    import mirasc
+
     cfg = config_from(config, config_file, overrides)
+    mirasc.compile_spec(spec)   # errors located in the spec file (SpecError); cached for build() below
     text = _spec_text(spec)
     name = spec_name(text)
     out_dir = Path(cfg.out_dir or f"runs/{name}")

@@ -36,8 +36,9 @@ class TorchPrinter(PythonCodePrinter):
         name = type(expr).__name__
         if name in self._FUNCS:
             return self._fn(expr, self._FUNCS[name])
-        raise NotImplementedError(f"TorchPrinter: no rule for function {name}")
+        raise NotImplementedError(f"the function {name}")
 
+    _print_LambertW = _print_Function
     _print_exp = _print_log = _print_erf = _print_tanh = _print_sin = _print_cos = _print_Function
     _print_cosh = _print_sinh = _print_atan = _print_Abs = _print_sign = _print_Function
     _print_sigmoid = _print_relu = _print_asinh = _print_acosh = _print_Function
@@ -140,3 +141,92 @@ def print_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: 
 
 def latex(expr: sp.Expr) -> str:
     return sp.latex(expr)
+
+
+class TritonPrinter(TorchPrinter):
+    """Prints an elementwise expression as triton.language code (fp32 tiles and scalars).
+    Functions Triton lacks are written in terms of exp/log/sigmoid, stably."""
+
+    printmethod = "_tritoncode"
+    _FUNCS = {"exp": "tl.exp", "log": "tl.log", "erf": "tl.erf", "Abs": "tl.abs", "sigmoid": "tl.sigmoid",
+              "sqrt": "tl.sqrt"}
+
+    def _print_Function(self, expr):
+        name = type(expr).__name__
+        if name in self._FUNCS:
+            return self._fn(expr, self._FUNCS[name])
+        x = self._print(expr.args[0])
+        if name == "tanh":
+            return f"(2 * tl.sigmoid(2 * ({x})) - 1)"
+        if name == "sign":
+            return f"tl.where(({x}) > 0, 1.0, tl.where(({x}) < 0, -1.0, 0.0))"
+        if name == "relu":
+            return f"tl.maximum({x}, 0.0)"
+        if name == "cosh":
+            return f"(0.5 * (tl.exp({x}) + tl.exp(-({x}))))"
+        if name == "sinh":
+            return f"(0.5 * (tl.exp({x}) - tl.exp(-({x}))))"
+        if name == "asinh":  # sign(x) log(|x| + sqrt(x² + 1)): no cancellation for large negative x
+            return (f"(tl.where(({x}) < 0, -1.0, 1.0) * tl.log(tl.abs({x}) + tl.sqrt(({x}) * ({x}) + 1)))")
+        if name == "acosh":
+            return f"tl.log(({x}) + tl.sqrt(({x}) * ({x}) - 1))"
+        raise NotImplementedError(f"the function {name} (no Triton equivalent)")
+
+    _print_exp = _print_log = _print_erf = _print_tanh = _print_sin = _print_cos = _print_Function
+    _print_cosh = _print_sinh = _print_atan = _print_Abs = _print_sign = _print_Function
+    _print_sigmoid = _print_relu = _print_asinh = _print_acosh = _print_LambertW = _print_Function
+
+    def _print_step(self, expr):
+        return f"tl.where(({self._print(expr.args[0])}) > 0, 1.0, 0.0)"
+
+    def _print_apow(self, expr):
+        x, a = expr.args
+        return f"tl.exp({float(a)!r} * tl.log(tl.abs({self._print(x)})))"
+
+    def _print_spow(self, expr):
+        x, a = expr.args
+        px = self._print(x)
+        return f"(tl.where(({px}) < 0, -1.0, 1.0) * tl.exp({float(a)!r} * tl.log(tl.abs({px}))))"
+
+    def _print_Max(self, expr):
+        out = self._print(expr.args[0])
+        for arg in expr.args[1:]:
+            out = f"tl.maximum({out}, {self._print(arg)})"
+        return out
+
+    def _print_Min(self, expr):
+        out = self._print(expr.args[0])
+        for arg in expr.args[1:]:
+            out = f"tl.minimum({out}, {self._print(arg)})"
+        return out
+
+    def _print_Piecewise(self, expr):
+        *branches, (last, cond) = expr.args
+        if cond is not sp.true:
+            raise NotImplementedError("Piecewise without a default branch")
+        out = self._print(last)
+        for val, c in reversed(branches):
+            out = f"tl.where({self._print(c)}, {self._print(val)}, {out})"
+        return out
+
+    def _print_Pow(self, expr, rational=False):
+        base, ex = expr.args
+        b = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Pow"])
+        if ex == sp.Rational(1, 2):
+            return f"tl.sqrt({self._print(base)})"
+        if ex == -sp.Rational(1, 2):
+            return f"tl.rsqrt({self._print(base)})"
+        if ex.is_Integer and 1 <= abs(int(ex)) <= 4:
+            prod = " * ".join([b] * abs(int(ex)))
+            return f"({prod})" if ex > 0 else f"(1 / ({prod}))"
+        # x^a = exp(a log x): NaN for x < 0 exactly where torch's pow is NaN
+        return f"tl.exp({float(ex)!r} * tl.log({self._print(base)}))"
+
+
+def print_triton_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: str = "_t") -> list[str]:
+    outs = list(exprs)
+    rename = {s: sp.Symbol(n, **s.assumptions0) for s, n in names.items()}
+    vals = [exprs[o].xreplace(rename) for o in outs]
+    repl, reduced = sp.cse(vals, symbols=sp.numbered_symbols(prefix), order="canonical")
+    p = TritonPrinter()
+    return [f"{s} = {p.doprint(ex)}" for s, ex in repl] + [f"{o} = {p.doprint(ex)}" for o, ex in zip(outs, reduced)]

@@ -102,7 +102,9 @@ def _print_graph(gr: ir.Graph, fn: str) -> str:
         if op.op == "output":
             outputs[op.arg] = a[0]
             continue
-        if op.op == "ew":
+        if op.op == "ew" and not srcs:  # a constant (e.g. the derivative of a linear custom loss)
+            body.append(f"{var} = torch.full_like(v, {float(op.arg[0])!r})")
+        elif op.op == "ew":
             expr, syms = op.arg
             body += print_block({var: expr}, dict(zip(syms, a)), prefix=f"_{var}_")
         elif op.op == "layer":

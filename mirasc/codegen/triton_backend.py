@@ -1,0 +1,309 @@
+"""Triton backend (issue 3, first part): a fused recurrent forward kernel for every parametric spec,
+printed from the same IR graphs and derivation as the torch module.
+
+One program per (batch, head) keeps the memory weights (and accumulators, momentum buffers and the
+mini-batch anchor) in registers as [rows, cols] tiles and walks the tokens: the gradient factors are
+the `memory_grad` graph printed as matrix-vector code, the learner and retention are elementwise tile
+updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
+Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks.
+
+Backward: not a Triton kernel yet. The autograd wrapper recomputes the torch recurrence and
+differentiates it, so gradients are exact but the backward runs at torch speed.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from .. import ir
+from .. import spec as S
+from ..derive import Derivation
+from .printers import TritonPrinter, print_triton_block
+
+
+class Unsupported(Exception):
+    pass
+
+
+def _dims(spec: S.Spec) -> list[tuple[str, str]]:
+    """(rows, cols) dimension names of each weight: k = Dk, v = Dv, e = hidden (expansion·Dk)."""
+    m = spec.memory
+    if m.kind == "linear" or m.depth == 1:
+        return [("v", "k")]
+    return [("e", "k")] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
+
+
+def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
+                 dims_of_weight: list[tuple[str, str]]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Print an IR graph as straight-line Triton code on 1-D tiles. Returns (lines, outputs, dims)."""
+    names, dims, lines, outputs = {}, {}, [], {}
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        a = [names[s] for s in srcs]
+        da = [dims[s] for s in srcs]
+        var = f"{prefix}{op.name}"
+        if op.op == "input":
+            if op.arg in inputs:
+                names[nid], dims[nid] = inputs[op.arg]
+            else:
+                names[nid], dims[nid] = scalars[op.arg], "s"
+            continue
+        if op.op == "weight":
+            names[nid], dims[nid] = weights[op.arg], "w"
+            continue
+        if op.op == "output":
+            outputs[op.arg] = a[0]
+            continue
+        if op.op in ("linear", "layer"):
+            w, h = (weights[op.arg], a[0]) if op.op == "layer" else (a[0], a[1])
+            lines.append(f"{var} = tl.sum({w} * {h}[None, :], axis=1)")
+            dims[nid] = dims_of_weight[op.arg][0]
+        elif op.op == "linear_t":
+            lines.append(f"{var} = tl.sum({a[0]} * {a[1]}[:, None], axis=0)")
+            dims[nid] = dims_of_weight[op.arg][1]
+        elif op.op == "ew":
+            expr, syms = op.arg
+            tensor_dims = [d for d in da if d != "s"]
+            dim = tensor_dims[0] if tensor_dims else "v"
+            if not srcs:
+                lines.append(f"{var} = tl.where(m{dim}, {float(expr)!r}, 0.0)")
+            else:
+                lines += print_triton_block({var: expr}, dict(zip(syms, a)), prefix=f"_{var}_")
+                if tensor_dims:  # keep padded lanes at zero
+                    lines.append(f"{var} = tl.where(m{dim}, {var}, 0.0)")
+            dims[nid] = dim
+        elif op.op == "rownorm":
+            lines.append(f"{var} = tl.sqrt(tl.sum({a[0]} * {a[0]}, axis=0))")
+            dims[nid] = "s"
+        elif op.op == "rowsumsq":
+            lines.append(f"{var} = tl.sum({a[0]} * {a[0]}, axis=0)")
+            dims[nid] = "s"
+        elif op.op == "layernorm":
+            n = da[0]
+            lines += [f"{var}_c = tl.where(m{n}, {a[0]} - tl.sum({a[0]}, axis=0) / N{n}, 0.0)",
+                      f"{var} = {var}_c * tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)"]
+            dims[nid] = n
+        elif op.op == "layernorm_bwd":
+            n = da[0]
+            lines += [f"{var}_c = tl.where(m{n}, {a[0]} - tl.sum({a[0]}, axis=0) / N{n}, 0.0)",
+                      f"{var}_r = tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)",
+                      f"{var}_h = {var}_c * {var}_r",
+                      f"{var} = tl.where(m{n}, {var}_r * ({a[1]} - tl.sum({a[1]}, axis=0) / N{n} - {var}_h * "
+                      f"tl.sum({a[1]} * {var}_h, axis=0) / N{n}), 0.0)"]
+            dims[nid] = n
+        else:
+            raise Unsupported(f"no Triton printer for IR op {op.op}")
+        names[nid] = var
+    return lines, outputs, dims
+
+
+def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
+    """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
+    r, l = spec.retention, spec.learner
+    wdims = _dims(spec)
+    n_w = len(wdims)
+    acc = r.kind in ("lq", "kl", "elastic", "bregman")
+    store_acc = r.kind in ("lq", "elastic")
+    mom = l.kind == "momentum"
+    mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    p = TritonPrinter()
+    scal = {n: f"c_{n}" for n in coef_order}
+    W = [f"w{i}" for i in range(n_w)]
+    A = [f"anchor{i}" for i in range(n_w)] if mb else W
+
+    # ---- kernel signature
+    ptrs = ["Q", "K", "V", "C", "O"]
+    for i in range(n_w):
+        ptrs += [f"W{i}_in", f"W{i}_out"]
+        if store_acc:
+            ptrs += [f"Y{i}_in", f"Y{i}_out"]
+        if mom:
+            ptrs += [f"S{i}_in", f"S{i}_out"]
+    sig = ", ".join(ptrs) + ", T, Nk, Nv, Ne, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BE: tl.constexpr"
+    body: list[str] = [
+        "bh = tl.program_id(0)",
+        "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
+        "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne",
+    ]
+    size = {"k": "Nk", "v": "Nv", "e": "Ne"}
+
+    def tile_ptr(base, i):
+        rows, cols = wdims[i]
+        return f"{base} + bh * {size[rows]} * {size[cols]} + r{rows}[:, None] * {size[cols]} + r{cols}[None, :]"
+
+    def tile_mask(i):
+        rows, cols = wdims[i]
+        return f"m{rows}[:, None] & m{cols}[None, :]"
+
+    for i in range(n_w):
+        body.append(f"mask{i} = {tile_mask(i)}")
+        body.append(f"w{i} = tl.load({tile_ptr(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if store_acc:
+            body.append(f"y{i} = tl.load({tile_ptr(f'Y{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        elif r.kind == "kl":
+            body.append(f"y{i} = tl.where(mask{i}, tl.log(tl.where(mask{i}, w{i}, 1.0) / {float(r.c)!r}), 0.0)")
+        elif r.kind == "bregman":
+            lines = print_triton_block({f"y{i}": d.phi_prime}, {sp.Symbol("w", real=True): f"w{i}"}, prefix=f"_y{i}_")
+            body += lines + [f"y{i} = tl.where(mask{i}, y{i}, 0.0)"]
+        if mom:
+            body.append(f"s{i} = tl.load({tile_ptr(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if mb:
+            body.append(f"anchor{i} = w{i}")
+
+    loop: list[str] = [
+        "q = tl.load(Q + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+        "k = tl.load(K + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+        "v = tl.load(V + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)",
+    ]
+    for j, n in enumerate(coef_order):
+        loop.append(f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})")
+    if mb:
+        loop.append(f"new_chunk = (t % {mb}) == 0")
+        for i in range(n_w):
+            loop.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
+    if r.kind == "decay" and r.order == "pre":
+        for i in range(n_w):
+            loop.append(f"w{i} = c_alpha * w{i}")
+    g_lines, g_out, _ = _graph_lines(grad, "g_", A, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+    loop += g_lines
+    for i in range(n_w):
+        delta, inp = g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"]
+        loop.append(f"grad{i} = {delta}[:, None] * {inp}[None, :]")
+        if mom:
+            loop.append(f"s{i} = c_theta * s{i} - c_eta * grad{i}")
+            loop.append(f"upd{i} = s{i}")
+        else:
+            loop.append(f"upd{i} = -c_eta * grad{i}")
+        if r.kind == "none" or (r.kind == "decay" and r.order == "pre"):
+            loop.append(f"w{i} = w{i} + upd{i}")
+        elif r.kind == "decay":
+            loop.append(f"w{i} = c_alpha * w{i} + upd{i}")
+        else:
+            loop.append(f"y{i} = {'y' + str(i) if r.kind == 'bregman' else 'c_alpha * y' + str(i)} + upd{i}")
+            loop += _readout(spec, d, i, p)
+    f_lines, f_out, _ = _graph_lines(forward, "f_", W, scal, {"x": ("q", "k")}, wdims)
+    loop += f_lines
+    loop.append(f"tl.store(O + (bh * T + t) * Nv + rv, {f_out['y']}.to(O.dtype.element_ty), mask=mv)")
+    body.append("for t in range(T):")
+    body += ["    " + line for line in loop]
+    for i in range(n_w):
+        body.append(f"tl.store({tile_ptr(f'W{i}_out', i)}, w{i}, mask=mask{i})")
+        if store_acc:
+            body.append(f"tl.store({tile_ptr(f'Y{i}_out', i)}, y{i}, mask=mask{i})")
+        if mom:
+            body.append(f"tl.store({tile_ptr(f'S{i}_out', i)}, s{i}, mask=mask{i})")
+    kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):\n"
+              + "\n".join("        " + line for line in body) + "\n")
+    return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
+        .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom))
+
+
+def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
+    r = spec.retention
+    y, w = f"y{i}", f"w{i}"
+    if r.kind == "lq":
+        q = float(r.q)
+        return [f"nrm{i} = tl.sum(tl.sum(tl.where(mask{i}, tl.exp({q!r} * tl.log(tl.abs({y}))), 0.0), axis=1), axis=0)",
+                f"nrm{i} = tl.maximum(tl.exp(tl.log(nrm{i}) / {q!r}), 1e-30)",
+                f"{w} = {y} * tl.exp(-{q - 2!r} * tl.log(nrm{i}))"]
+    if r.kind == "kl":
+        return [f"ym{i} = tl.where(mask{i}, {y}, -float('inf'))",
+                f"ex{i} = tl.exp(ym{i} - tl.max(ym{i}, axis=1)[:, None])",
+                f"{w} = tl.where(mask{i}, {float(r.c)!r} * ex{i} / tl.sum(ex{i}, axis=1)[:, None], 0.0)"]
+    expr, sym = (d.elastic, sp.Symbol("a", real=True)) if r.kind == "elastic" else (d.phi_prime_inv,
+                                                                                    sp.Symbol("u", real=True))
+    return print_triton_block({w: expr}, {sym: y}, prefix=f"_{w}_") + [f"{w} = tl.where(mask{i}, {w}, 0.0)"]
+
+
+SECTION = '''
+
+# ----------------------------------------------------------------------------------------------
+# Triton: fused recurrent forward kernel, printed from the IR (one program per (batch, head); the
+# memory lives in registers; tokens are walked in order). backend="triton" uses it for the forward;
+# the backward recomputes the torch recurrence (exact gradients, torch speed). Runs on the CPU under
+# TRITON_INTERPRET=1 (set before triton is imported).
+# ----------------------------------------------------------------------------------------------
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = None
+
+_COEF_ORDER = {{COEF_ORDER}}
+_STORE_ACC = {{STORE_ACC}}
+_MOMENTUM = {{MOMENTUM}}
+
+if triton is not None:
+{{KERNEL}}
+
+def _state_keys():
+    keys = []
+    for n in WEIGHTS:
+        keys.append(n)
+        if _STORE_ACC:
+            keys.append("A_" + n)
+        if _MOMENTUM:
+            keys.append("S_" + n)
+    return keys
+
+
+def _launch_recurrent(q, k, v, c, state):
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
+    shapes = init_state(1, 1, Dk, Dv, device="meta")
+    Ne = shapes[WEIGHTS[0]].shape[-2] if len(WEIGHTS) > 1 else 1
+    coefs = torch.stack([c[n].float() for n in _COEF_ORDER], dim=-1).contiguous() if _COEF_ORDER else \\
+        torch.zeros(B, H, T, 1, device=q.device)
+    o = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
+    args = [q.contiguous(), k.contiguous(), v.contiguous(), coefs, o]
+    final = {}
+    for key in _state_keys():
+        src = state[key].float().contiguous()
+        final[key] = torch.empty_like(src)
+        args += [src, final[key]]
+    _fused_recurrent_fwd[(B * H,)](*args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)),
+                                   BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv),
+                                   BE=triton.next_power_of_2(Ne))
+    return o, final
+
+
+class _RecurrentTriton(torch.autograd.Function):
+    """Forward: the fused Triton kernel. Backward: recompute the torch recurrence and differentiate it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, n_coef, *rest):
+        coef_values, state_values = rest[:n_coef], rest[n_coef:]
+        c = dict(zip(_COEF_ORDER, coef_values))
+        state = dict(zip(_state_keys(), state_values))
+        o, final = _launch_recurrent(q, k, v, c, state)
+        ctx.save_for_backward(q, k, v, *rest)
+        ctx.n_coef = n_coef
+        return (o, *[final[key].to(state[key].dtype) for key in _state_keys()])
+
+    @staticmethod
+    def backward(ctx, do, *dfinal):
+        saved = ctx.saved_tensors
+        q, k, v, rest = saved[0], saved[1], saved[2], saved[3:]
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_(t.requires_grad or True) for t in (q, k, v, *rest)]
+            c = dict(zip(_COEF_ORDER, inputs[3:3 + ctx.n_coef]))
+            c.update({n: torch.full_like(inputs[0][..., 0], val) for n, val in CONSTANTS.items() if n not in c})
+            state = dict(zip(_state_keys(), inputs[3 + ctx.n_coef:]))
+            full_state = init_state(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)
+            full_state.update(state)
+            o, final = _recurrent(inputs[0], inputs[1], inputs[2], c, full_state)
+            outs = [o] + [final[key] for key in _state_keys()]
+            grads_out = [do] + list(dfinal)
+            pairs = [(a, g) for a, g in zip(outs, grads_out) if g is not None]
+            grads = torch.autograd.grad([a for a, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+        return (grads[0], grads[1], grads[2], None, *grads[3:])
+
+
+def _recurrent_triton(q, k, v, c, state):
+    if triton is None:
+        raise RuntimeError("backend='triton' needs the triton package")
+    coef_values = [c[n] for n in _COEF_ORDER]
+    outs = _RecurrentTriton.apply(q, k, v, len(coef_values), *coef_values, *[state[key] for key in _state_keys()])
+    o, values = outs[0], outs[1:]
+    return o, dict(zip(_state_keys(), values))
+'''

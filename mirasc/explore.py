@@ -1,0 +1,560 @@
+"""`mirasc explore`: search a grid of Miras designs on a synthetic recall task and rank them.
+
+    mirasc explore --memory linear mlp --bias l2 huber --retention decay kl --learner gd momentum \\
+                   --parallel exact 'minibatch(16)' --task mqar --steps 300 --seeds 0 1 --out explore_out
+
+The grid is the product of the axes (flags, or the same keys in a JSON/TOML file given with --grid;
+flags win), plus whole spec files given with --spec. Every cell's spec text is built and compiled;
+illegal combinations are dropped with the compiler's reason. Each legal spec is trained as a small
+byte-level language model (`mirasc.models`, the compiled layer as mixer) on generated batches of the
+task, loss on the scored positions only, under one fixed budget (steps, batch, lr, d_model, layers,
+heads) for each seed, then evaluated (masked-token accuracy and exact match) at several sequence
+lengths on a fixed evaluation set shared by all cells.
+
+Output folder: `cells/<key>.json` (one per finished spec x task x seed x budget: resumable — a cell
+already there is not recomputed), `leaderboard.csv`, `leaderboard.json` (also the per-cell records and
+the dropped combinations with their reasons), and, with matplotlib, `accuracy_vs_length.png` and
+`loss_curves.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+AXES = ("memory", "bias", "retention", "learner", "parallel")
+AXIS_DEFAULTS = {"memory": ["linear"], "bias": ["l2"], "retention": ["none"], "learner": ["gd"], "parallel": ["exact"]}
+DEFAULTS = {
+    "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
+    "lr": 3e-3, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
+    "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
+    "force": False, "quiet": False,
+}
+EXPLORE_VERSION = 1          # bump when training or evaluation changes meaning: invalidates stored cells
+TRAIN_SEED, EVAL_SEED = 1_000_003, 987_654_321
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("grid (each axis: one or more forms; quote forms with parentheses)")
+    g.add_argument("--grid", metavar="FILE", help="JSON or TOML file with any of the options below as keys "
+                   "(axes as lists; task_opt and layer as tables); command-line flags win")
+    for axis in AXES:
+        g.add_argument(f"--{axis}", nargs="+", metavar="FORM", default=None,
+                       help=f"{axis} forms (default {' '.join(AXIS_DEFAULTS[axis])})")
+    g.add_argument("--spec", nargs="+", metavar="FILE", default=None, help="whole .miras files added as cells")
+    t = p.add_argument_group("task and budget")
+    t.add_argument("--task", choices=["mqar", "niah", "noisy"], default=None, help="synthetic task (default mqar)")
+    t.add_argument("--task-opt", nargs="+", metavar="KEY=VALUE", default=None,
+                   help="task config fields, e.g. num_kv_pairs=16 needle=word (see mirasc.tasks)")
+    t.add_argument("--seq-len", type=int, default=None, help="training sequence length (default: the task's)")
+    t.add_argument("--eval-lengths", nargs="+", type=int, default=None,
+                   help="evaluation sequence lengths (default: seq-len and 2x seq-len)")
+    t.add_argument("--steps", type=int, default=None, help=f"training steps per cell (default {DEFAULTS['steps']})")
+    t.add_argument("--batch-size", type=int, default=None, help=f"default {DEFAULTS['batch_size']}")
+    t.add_argument("--lr", type=float, default=None, help=f"AdamW peak learning rate (default {DEFAULTS['lr']})")
+    t.add_argument("--weight-decay", type=float, default=None, help=f"default {DEFAULTS['weight_decay']}")
+    t.add_argument("--d-model", type=int, default=None, help=f"default {DEFAULTS['d_model']}")
+    t.add_argument("--layers", type=int, default=None, help=f"default {DEFAULTS['layers']}")
+    t.add_argument("--heads", type=int, default=None, help=f"default {DEFAULTS['heads']} (head_dim = d_model/heads)")
+    t.add_argument("--layer", nargs="+", metavar="KEY=VALUE", default=None,
+                   help="Layer options for every cell, e.g. conv=4 gate_rank=16 (options a layer lacks are skipped)")
+    t.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (default 0 1)")
+    t.add_argument("--eval-examples", type=int, default=None, help=f"default {DEFAULTS['eval_examples']}")
+    t.add_argument("--log-every", type=int, default=None, help="loss-curve resolution in steps (default 10)")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", "-o", default=None, help="output folder (default explore_out)")
+    o.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    o.add_argument("--no-plots", dest="plots", action="store_const", const=False, default=None, help="skip PNGs")
+    o.add_argument("--force", action="store_const", const=True, default=None, help="recompute stored cells")
+    o.add_argument("--quiet", "-q", action="store_const", const=True, default=None, help="no progress display")
+
+
+# ----------------------------------------------------------------------------------- options
+class UsageError(Exception):
+    pass
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _pairs(items) -> dict:
+    if isinstance(items, dict):
+        return dict(items)
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"expected KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip().replace("-", "_")] = _value(v.strip())
+    return out
+
+
+def _read_grid(path: str) -> dict:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read grid file {path}: {err}") from None
+    if p.suffix == ".json" or text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise UsageError(f"{path}: not valid JSON: {err}") from None
+    else:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise UsageError(f"{path}: TOML needs Python >= 3.11 (tomllib); write the grid as JSON") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise UsageError(f"{path}: not valid TOML: {err}") from None
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    known = set(DEFAULTS) | set(AXES)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"{path}: unknown key(s) {unknown}; keys: {sorted(known)}")
+    for axis in AXES:
+        if axis in data and isinstance(data[axis], str):
+            data[axis] = [data[axis]]
+    return data
+
+
+def resolve(args: argparse.Namespace) -> dict:
+    """Options: command-line flags, else the grid file, else DEFAULTS."""
+    from . import tasks
+
+    data = _read_grid(args.grid) if getattr(args, "grid", None) else {}
+    opts = {}
+    for key in list(DEFAULTS) + list(AXES):
+        flag = getattr(args, key, None)
+        opts[key] = flag if flag is not None else data.get(key, DEFAULTS.get(key))
+    opts["task_opt"] = _pairs(opts["task_opt"])
+    opts["layer"] = _pairs(opts["layer"])
+    opts["spec"] = list(opts["spec"] or [])
+    if opts["seq_len"] is not None:
+        opts["task_opt"]["seq_len"] = opts["seq_len"]
+    if opts["task"] not in tasks.TASKS:
+        raise UsageError(f"unknown task {opts['task']!r}; tasks: {sorted(tasks.TASKS)}")
+    try:
+        cfg = tasks.make_config(opts["task"], **opts["task_opt"])
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"task {opts['task']}: {err}") from None
+    opts["task_config"] = cfg
+    opts["eval_lengths"] = sorted(set(opts["eval_lengths"] or [cfg.seq_len, 2 * cfg.seq_len]))
+    for L in opts["eval_lengths"]:
+        try:
+            tasks.at_length(opts["task"], cfg, L)
+        except ValueError as err:
+            raise UsageError(f"evaluation length {L}: {err}") from None
+    for key in ("steps", "batch_size", "d_model", "layers", "heads", "eval_examples", "log_every"):
+        if int(opts[key]) < 1:
+            raise UsageError(f"{key} must be >= 1")
+    if opts["d_model"] % opts["heads"]:
+        raise UsageError(f"d_model={opts['d_model']} is not divisible by heads={opts['heads']}")
+    if not opts["seeds"]:
+        raise UsageError("need at least one seed")
+    return opts
+
+
+# ------------------------------------------------------------------------------------- cells
+@dataclasses.dataclass
+class Candidate:
+    label: str
+    text: str                  # spec text as built (or read)
+    axes: dict
+    canonical: str = ""
+    reason: str = ""           # non-empty: dropped, the compiler's message
+    module: object = None
+
+
+def _name(label: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_") or "spec"
+    name = name if name[0].isalpha() else "m_" + name
+    if len(name) > 80:
+        name = name[:71] + "_" + hashlib.sha256(label.encode()).hexdigest()[:8]
+    return name
+
+
+def spec_text(name: str, axes: dict) -> str:
+    lines = [f"model {name} {{"] + [f"    {axis:<9} = {axes[axis]}" for axis in AXES] + ["}"]
+    return "\n".join(lines) + "\n"
+
+
+def candidates(opts: dict) -> list[Candidate]:
+    """The grid product (when any axis is given, or no spec file) and the spec files, each compiled."""
+    import mirasc
+
+    out = []
+    grid_given = any(opts[a] for a in AXES)
+    if grid_given or not opts["spec"]:
+        axes_lists = [opts[a] or AXIS_DEFAULTS[a] for a in AXES]
+        for combo in itertools.product(*axes_lists):
+            axes = dict(zip(AXES, combo))
+            label = " | ".join(combo)
+            out.append(Candidate(label, spec_text(_name(label), axes), axes))
+    for path in opts["spec"]:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot read spec file {path}: {err}") from None
+        out.append(Candidate(Path(path).stem, text, {}))
+    seen = set()
+    for c in out:
+        try:
+            spec = mirasc.parse_text(c.text, c.label)
+            c.canonical = spec.canonical()
+            c.module = mirasc.compile_spec(c.text)
+        except mirasc.SpecError as err:
+            c.reason = err.message
+            continue
+        if not c.axes:
+            c.axes = {a: line.split("=", 1)[1].strip() for a, line in
+                      zip(AXES, c.canonical.splitlines()[1:6])}
+        if c.canonical in seen:
+            c.reason = "duplicate of an earlier cell"
+        seen.add(c.canonical)
+    return out
+
+
+def budget_of(opts: dict) -> dict:
+    return {k: opts[k] for k in ("steps", "batch_size", "lr", "weight_decay", "d_model", "layers", "heads",
+                                 "layer", "eval_lengths", "eval_examples", "log_every")}
+
+
+def cell_key(canonical: str, task: str, task_config, seed: int, budget: dict) -> str:
+    blob = json.dumps({"version": EXPLORE_VERSION, "spec": canonical, "task": task,
+                       "task_config": dataclasses.asdict(task_config), "seed": seed, "budget": budget},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+# ---------------------------------------------------------------------------------- progress
+class Progress:
+    def __init__(self, total: int, quiet: bool = False, stream=None):
+        self.total, self.quiet, self.stream = total, quiet, stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.done, self.start, self._last = 0, time.time(), 0.0
+
+    def update(self, label: str, seed: int, step: int, steps: int, loss: float) -> None:
+        if self.quiet:
+            return
+        now = time.time()
+        final = step == steps
+        if not final and now - self._last < (0.2 if self.tty else 10.0):
+            return
+        self._last = now
+        line = (f"[{self.done + 1}/{self.total}] {label[:48]:<48} seed {seed} step {step:>5}/{steps} "
+                f"loss {loss:7.4f}  {now - self.start:6.0f}s")
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------- training
+def _state_floats(module, spec, heads: int, head_dim: int, layers: int):
+    if not spec.parametric:
+        return None   # softmax attention: the cache grows with the sequence (2·T·head_dim per head)
+    state = module.init_state(1, heads, head_dim, head_dim)
+    return layers * sum(t.numel() for t in state.values())
+
+
+def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> dict:
+    import torch
+
+    import mirasc
+
+    from . import tasks
+    from .models import LMConfig, build
+
+    task, cfg = opts["task"], opts["task_config"]
+    steps, B = opts["steps"], opts["batch_size"]
+    layer_opts = {k: v for k, v in opts["layer"].items() if k in getattr(cand.module, "LAYER_DEFAULTS", {})}
+    torch.manual_seed(seed)
+    model = build(cand.module, LMConfig(vocab_size=tasks.VOCAB, d_model=opts["d_model"], n_layers=opts["layers"],
+                                        n_heads=opts["heads"], layer_options=layer_opts))
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": opts["weight_decay"]},
+                             {"params": other, "weight_decay": 0.0}], lr=opts["lr"], betas=(0.9, 0.95))
+    warmup = max(1, steps // 10)
+
+    def lr_at(step):  # linear warm-up, cosine to 10%
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    curve, window, status = [], [], "ok"
+    t0 = time.time()
+    model.train()
+    for step in range(steps):
+        x, y, _ = tasks.generate(task, cfg, B, seed=TRAIN_SEED * (seed + 1) + step)
+        _, loss = model(x, y)
+        if not torch.isfinite(loss):
+            status = f"diverged at step {step}"
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        window.append(loss.item())
+        if (step + 1) % opts["log_every"] == 0 or step + 1 == steps:
+            curve.append([step + 1, statistics.fmean(window)])
+            window = []
+        progress.update(cand.label, seed, step + 1, steps, loss.item())
+    train_s = time.time() - t0
+    accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B)
+    spec = mirasc.parse_text(cand.canonical)
+    return {
+        "label": cand.label, "name": spec.name, "axes": cand.axes, "spec": cand.canonical, "task": task,
+        "task_config": dataclasses.asdict(cfg), "seed": seed, "budget": budget_of(opts), "status": status,
+        "final_loss": curve[-1][1] if curve else float("nan"), "loss_curve": curve,
+        "accuracy": {str(L): a for L, a in accuracy.items()}, "exact_match": {str(L): e for L, e in exact.items()},
+        "train_length": cfg.seq_len, "params": model.num_params(),
+        "state_floats": _state_floats(cand.module, spec, opts["heads"], opts["d_model"] // opts["heads"],
+                                      opts["layers"]),
+        "train_seconds": round(train_s, 3), "seconds": round(time.time() - t0, 3),
+    }
+
+
+def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int):
+    """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set."""
+    import torch
+
+    from . import tasks
+
+    model.eval()
+    accuracy, exact = {}, {}
+    with torch.no_grad():
+        for L in lengths:
+            c = tasks.at_length(task, cfg, L)
+            x, y, m = tasks.generate(task, c, n, seed=EVAL_SEED + L)
+            right = total = examples_ok = 0
+            for i in range(0, n, batch_size):
+                logits = model(x[i:i + batch_size])
+                hit = (logits.argmax(-1) == y[i:i + batch_size]) & m[i:i + batch_size].bool()
+                right += int(hit.sum())
+                total += int(m[i:i + batch_size].sum())
+                examples_ok += int((hit.sum(1) == m[i:i + batch_size].sum(1)).sum())
+            accuracy[L], exact[L] = right / max(1, total), examples_ok / n
+    model.train()
+    return accuracy, exact
+
+
+# ------------------------------------------------------------------------------- leaderboard
+def leaderboard(cells: list[dict], lengths) -> list[dict]:
+    groups: dict[str, list[dict]] = {}
+    for c in cells:
+        groups.setdefault(c["spec"], []).append(c)
+    rows = []
+    for group in groups.values():
+        first = group[0]
+        train_len = str(first["train_length"])
+        accs = [c["accuracy"][train_len] for c in group]
+        row = {"label": first["label"], "name": first["name"], **{a: first["axes"].get(a, "") for a in AXES},
+               "seeds": len(group), "acc_mean": statistics.fmean(accs),
+               "acc_std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
+               "exact_mean": statistics.fmean(c["exact_match"][train_len] for c in group)}
+        for L in lengths:
+            row[f"acc@{L}"] = statistics.fmean(c["accuracy"][str(L)] for c in group)
+        losses = [c["final_loss"] for c in group if math.isfinite(c["final_loss"])]
+        row["final_loss"] = statistics.fmean(losses) if losses else float("nan")
+        row["params"], row["state_floats"] = first["params"], first["state_floats"]
+        row["seconds_per_seed"] = statistics.fmean(c["seconds"] for c in group)
+        bad = sorted({c["status"] for c in group if c["status"] != "ok"})
+        row["status"] = "; ".join(bad) or "ok"
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["acc_mean"], r["final_loss"] if math.isfinite(r["final_loss"]) else math.inf))
+    for i, r in enumerate(rows, 1):
+        r["rank"] = i
+    return rows
+
+
+def format_table(rows: list[dict], lengths) -> str:
+    heads = ["#", "design", "acc", "±", *[f"@{L}" for L in lengths], "exact", "loss", "params", "state", "s/seed"]
+    body = []
+    for r in rows:
+        state = "O(T)" if r["state_floats"] is None else f"{r['state_floats']}"
+        body.append([str(r["rank"]), r["label"], f"{r['acc_mean']:.3f}", f"{r['acc_std']:.3f}",
+                     *[f"{r[f'acc@{L}']:.3f}" for L in lengths], f"{r['exact_mean']:.3f}", f"{r['final_loss']:.3f}",
+                     f"{r['params']}", state, f"{r['seconds_per_seed']:.1f}"]
+                    + ([r["status"]] if r["status"] != "ok" else []))
+    widths = [max(len(x) for x in col) for col in zip(heads, *[b[:len(heads)] for b in body])]
+    fmt = lambda cells: "  ".join(c.ljust(w) if i == 1 else c.rjust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths)))
+    lines = [fmt(heads), "  ".join("-" * w for w in widths)]
+    lines += [fmt(b[:len(heads)]) + ("  " + b[-1] if len(b) > len(heads) else "") for b in body]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, opts: dict, rows, cells, dropped, plots: bool) -> list[Path]:
+    written = []
+    lengths = opts["eval_lengths"]
+    cols = ["rank", "label", "name", *AXES, "seeds", "acc_mean", "acc_std", *[f"acc@{L}" for L in lengths],
+            "exact_mean", "final_loss", "params", "state_floats", "seconds_per_seed", "status"]
+    with open(out / "leaderboard.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    written.append(out / "leaderboard.csv")
+    doc = {"task": opts["task"], "task_config": dataclasses.asdict(opts["task_config"]), "budget": budget_of(opts),
+           "seeds": opts["seeds"], "leaderboard": rows, "dropped": dropped, "cells": cells}
+    (out / "leaderboard.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    written.append(out / "leaderboard.json")
+    if plots and rows:
+        written += _plots(out, rows, cells, lengths, opts["task"])
+    return written
+
+
+def _plots(out: Path, rows, cells, lengths, task) -> list[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install matplotlib)", file=sys.stderr)
+        return []
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        ax.plot(lengths, [r[f"acc@{L}"] for L in lengths], marker="o", label=r["label"])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(L) for L in lengths])
+    ax.set(xlabel="sequence length", ylabel="accuracy (scored tokens)", ylim=(-0.02, 1.02),
+           title=f"{task}: accuracy vs sequence length (mean over seeds)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.savefig(out / "accuracy_vs_length.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    paths.append(out / "accuracy_vs_length.png")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        curves = [c["loss_curve"] for c in cells if c["label"] == r["label"] and c["loss_curve"]]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        ax.plot([p[0] for p in curves[0][:n]], [statistics.fmean(c[i][1] for c in curves) for i in range(n)],
+                marker="o" if n <= 3 else None, label=r["label"])
+    ax.set(xlabel="step", ylabel="training loss (nats, scored tokens)",
+           title=f"{task}: training loss (mean over seeds)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.savefig(out / "loss_curves.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    paths.append(out / "loss_curves.png")
+    return paths
+
+
+# --------------------------------------------------------------------------------------- run
+def run(args: argparse.Namespace) -> int:
+    try:
+        opts = resolve(args)
+        return _run(opts)
+    except UsageError as err:
+        print(f"mirasc explore: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(opts: dict) -> int:
+    import torch
+
+    threads = torch.get_num_threads()
+    if opts["threads"]:
+        torch.set_num_threads(int(opts["threads"]))
+    try:
+        return _grid(opts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _grid(opts: dict) -> int:
+    out = Path(opts["out"])
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    cands = candidates(opts)
+    legal = [c for c in cands if not c.reason]
+    dropped = [{"label": c.label, "spec": c.text, "reason": c.reason} for c in cands if c.reason]
+    print(f"explore: task {opts['task']} ({_short(opts['task_config'])}), {len(cands)} designs, "
+          f"{len(legal)} legal, {len(opts['seeds'])} seed(s); budget {opts['steps']} steps x batch "
+          f"{opts['batch_size']}, d_model {opts['d_model']}, {opts['layers']} layer(s), {opts['heads']} head(s)")
+    if dropped:
+        print(f"dropped {len(dropped)} illegal combination(s):")
+        for d in dropped:
+            print(f"  {d['label']}: {d['reason']}")
+    if not legal:
+        print("nothing to train: every combination is illegal", file=sys.stderr)
+        return 2
+    budget = budget_of(opts)
+    jobs = [(c, s, cell_key(c.canonical, opts["task"], opts["task_config"], s, budget))
+            for c in legal for s in opts["seeds"]]
+    stored = {}
+    for _, _, key in jobs:
+        path = out / "cells" / f"{key}.json"
+        if path.exists() and not opts["force"]:
+            try:
+                stored[key] = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                pass  # a torn file: recompute
+    todo = [j for j in jobs if j[2] not in stored]
+    progress = Progress(len(todo), quiet=opts["quiet"])
+    if stored:
+        progress.note(f"resumed {len(stored)} stored cell(s) from {out / 'cells'}")
+    errors = 0
+    for cand, seed, key in todo:
+        try:
+            record = train_cell(cand, opts, seed, progress)
+        except Exception as err:  # a cell that crashes does not stop the grid (and is not stored)
+            errors += 1
+            progress.note(f"error in {cand.label} seed {seed}: {type(err).__name__}: {err}")
+            progress.done += 1
+            continue
+        record["key"] = key
+        tmp = out / "cells" / f"{key}.json.tmp"
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(out / "cells" / f"{key}.json")
+        stored[key] = record
+        progress.done += 1
+    cells = [stored[k] for _, _, k in jobs if k in stored]
+    rows = leaderboard(cells, opts["eval_lengths"])
+    print(format_table(rows, opts["eval_lengths"]))
+    written = write_outputs(out, opts, rows, cells, dropped, opts["plots"])
+    print(f"trained {len(todo) - errors} cell(s), resumed {len(jobs) - len(todo)}, failed {errors}; wrote "
+          + ", ".join(str(p) for p in written))
+    return 1 if errors else 0
+
+
+def _short(cfg) -> str:
+    return ", ".join(f"{f.name}={getattr(cfg, f.name)}" for f in dataclasses.fields(cfg))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="mirasc explore", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""The command line (`mirasc compile | check | explain | demo`): outputs and exit codes 0 (ok), 2 (bad spec),
+1 only for internal errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mirasc.compiler as compiler
+from mirasc import compile_text
+from mirasc.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "specs"
+GOOD = "model m {\n    memory = linear\n    bias = l2\n    learner = gd(lr=gate)\n}\n"
+BAD = "model m {\n    memory = linear\n    bias = lp(p=0.5)\n}\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "x.miras") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+# ------------------------------------------------------------------------------------------------ help
+def test_help_shows_language_guide_and_example(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for fragment in ("compile", "check", "explain", "demo",          # the commands
+                     "model moneta {", "memory    = mlp(depth=2", "parallel  = minibatch(64)",  # an example
+                     "bias      dot | l2 | lp(p, eps=1e-6)", "retention none | decay(", "learner   gd(lr=gate)",
+                     "custom(loss=EXPR in e)", "bregman(phi=EXPR in w)", "`gate`"):
+        assert fragment in out, fragment
+
+
+def test_compile_help_has_guide(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["compile", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--dump-ir" in out and "-o" in out and "model moneta {" in out
+
+
+def test_help_via_subprocess():
+    res = subprocess.run([sys.executable, "-m", "mirasc.cli", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0
+    assert "model moneta {" in res.stdout and "usage: mirasc" in res.stdout
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate", "x.miras"], ["compile"], ["demo", "x.miras", "--length", "x"]])
+def test_usage_errors_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert "usage: mirasc" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- compile
+def test_compile_writes_stem_py(tmp_path, capsys):
+    spec = SPECS / "titans.miras"
+    out = tmp_path / "nested" / "dir"
+    assert main(["compile", str(spec), "-o", str(out)]) == 0
+    target = out / "titans.py"
+    assert target.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["titans.py"]  # no IR file without --dump-ir
+    source = target.read_text(encoding="utf-8")
+    assert source == compile_text(spec.read_text(encoding="utf-8"), str(spec)).source
+    stdout = capsys.readouterr().out
+    assert f"wrote {target}" in stdout
+    assert re.search(rf"\({len(source.splitlines())} lines\)", stdout)
+    compile(source, str(target), "exec")  # valid Python
+
+
+def test_compile_default_output_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, GOOD, "my_model.miras")
+    assert main(["compile", "my_model.miras"]) == 0
+    assert (tmp_path / "out" / "my_model.py").exists()
+
+
+def test_compile_dump_ir(tmp_path, capsys):
+    spec = SPECS / "deltanet.miras"
+    assert main(["compile", str(spec), "-o", str(tmp_path), "--dump-ir"]) == 0
+    out = capsys.readouterr().out
+    ir_text = (tmp_path / "deltanet.ir").read_text(encoding="utf-8")
+    assert "graph memory_forward {" in ir_text and "graph memory_grad {" in ir_text
+    assert ir_text in out and f"wrote {tmp_path / 'deltanet.ir'}" in out
+
+
+def test_compile_bad_spec_exit_2_writes_nothing(tmp_path, capsys):
+    spec = write(tmp_path, BAD)
+    out = tmp_path / "out"
+    assert main(["compile", str(spec), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {spec}:3:17: ")
+    assert "Traceback" not in err
+    assert not (out / "x.py").exists()
+
+
+def test_compile_output_path_is_a_file(tmp_path, capsys):
+    spec = write(tmp_path, GOOD)
+    blocker = write(tmp_path, "not a directory", "occupied")
+    code = main(["compile", str(spec), "-o", str(blocker)])
+    err = capsys.readouterr().err
+    assert code != 0 and code != 1
+    assert "Traceback" not in err and str(blocker) in err
+
+
+# ----------------------------------------------------------------------------------------------- check
+def test_check_ok(tmp_path, capsys):
+    assert main(["check", str(SPECS / "titans.miras")]) == 0
+    out = capsys.readouterr().out
+    assert "ok" in out and "model titans" in out
+    assert "gates=['eta', 'alpha', 'theta']" in out
+
+
+@pytest.mark.parametrize("text,where", [
+    (BAD, "3:17"),
+    ("model m {\n    memory = linear\n    bias = l2\n    learner = implicit\n    parallel = minibatch(8)\n}\n",
+     "5:16"),
+    ("model m {\n    memory = linear\n    bias = custom(loss=sign(e))\n}\n", "3:12"),
+    ("nonsense", "1:1"),
+])
+def test_check_bad_exit_2(tmp_path, capsys, text, where):
+    spec = write(tmp_path, text)
+    assert main(["check", str(spec)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {spec}:{where}: ")
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_check_missing_file_exit_2(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "absent.miras")]) == 2
+    assert "cannot read spec file" in capsys.readouterr().err
+
+
+def test_internal_error_exit_1(tmp_path, capsys, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated")
+
+    monkeypatch.setattr(compiler, "compile_text", boom)
+    assert main(["check", str(write(tmp_path, GOOD))]) == 1
+    err = capsys.readouterr().err
+    assert "internal error" in err and "RuntimeError: simulated" in err
+
+
+def test_unsupported_bregman_is_exit_2_not_internal(tmp_path, capsys):
+    spec = write(tmp_path, "model m {\n    memory = linear\n    bias = l2\n"
+                 "    retention = bregman(phi=w^2 + exp(w))\n}\n")
+    code = main(["check", str(spec)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"error: {spec}:4:")
+
+
+def test_exit_codes_via_subprocess(tmp_path):
+    for text, code in ((GOOD, 0), (BAD, 2)):
+        spec = write(tmp_path, text)
+        res = subprocess.run([sys.executable, "-m", "mirasc.cli", "check", str(spec)], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == code, res.stderr
+        assert "Traceback" not in res.stderr
+
+
+# --------------------------------------------------------------------------------------------- explain
+def test_explain_prints_spec_and_equations(capsys):
+    assert main(["explain", str(SPECS / "gated_deltanet.miras")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("model gated_deltanet {\n")
+    for fragment in ("memory:     M_W(x) = W x", "bias:       ℓ = ½‖e‖²", "∂ℓ/∂y = e",
+                     "pre-decay:  W'_{t−1} = α_t·W_{t−1}",
+                     "gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at W'_{t−1}", "learner:    U_t = −η_t·g_t",
+                     "retention:  W_t = W'_{t−1} + U_t", "read:       o_t = M_{W_t}(q_t)"):
+        assert fragment in out, fragment
+    assert "$" not in out and "\\" not in out
+
+
+def test_explain_derived_pieces(capsys):
+    assert main(["explain", str(SPECS / "hyperbolic_mirror.miras")]) == 0
+    out = capsys.readouterr().out
+    assert "φ(w) = cosh(w)" in out and "(φ')⁻¹(u) = asinh(u)" in out
+    assert "S_t = 0.9·S_{t−1} − η_t·g_t" in out
+    assert main(["explain", str(SPECS / "longhorn.miras")]) == 0
+    out = capsys.readouterr().out
+    assert "∂ℓ/∂y = e/(c + 1)" in out and "implicit step" in out
+
+
+def test_explain_latex(capsys):
+    assert main(["explain", str(SPECS / "moneta.miras"), "--latex"]) == 0
+    out = capsys.readouterr().out
+    derived = [line for line in out.splitlines() if line.startswith("derived:")]
+    assert derived and all("$" in line for line in derived)
+    assert "\\" in out and "\\sqrt" in out and "\\operatorname{erf}" in out
+
+
+def test_explain_bad_spec_exit_2(tmp_path, capsys):
+    assert main(["explain", str(write(tmp_path, BAD))]) == 2
+    assert capsys.readouterr().out == ""
+
+
+# ------------------------------------------------------------------------------------------------ demo
+REL = re.compile(r"chunked vs recurrent: relative error ([0-9.]+e[-+][0-9]+)")
+
+
+@pytest.mark.parametrize("name", ["deltanet", "ttt_linear", "titans"])
+def test_demo_small(name, capsys):
+    assert main(["demo", str(SPECS / f"{name}.miras"), "--length", "32", "--dim", "8", "--batch", "1",
+                 "--heads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"model `{name}`" in out
+    assert "input: B=1 T=32 H=2 Dk=Dv=8, float32" in out
+    assert re.search(r"recurrent\s+[0-9.]+ ms", out) and re.search(r"chunked\s+[0-9.]+ ms", out)
+    m = REL.search(out)
+    assert m, out
+    assert float(m.group(1)) < 1e-4
+
+
+def test_demo_without_chunked_form(capsys):
+    assert main(["demo", str(SPECS / "custom_cauchy.miras"), "--length", "32", "--dim", "8", "--batch", "1",
+                 "--heads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "chunked:   not available" in out
+    assert REL.search(out) is None
+    assert re.search(r"recurrent\s+[0-9.]+ ms", out)
+
+
+def test_demo_bad_spec_exit_2(tmp_path, capsys):
+    assert main(["demo", str(write(tmp_path, BAD)), "--length", "8", "--dim", "4"]) == 2
+    assert "error:" in capsys.readouterr().err
