@@ -61,16 +61,14 @@ def cmd_compile(args) -> int:
 
 
 def _model_source() -> str:
-    """mirasc.models' standalone part, appended to an emitted module (`compile --model`)."""
+    """mirasc.models' standalone part and a make_model() factory, appended to an emitted module."""
     text = (Path(__file__).parent / "models.py").read_text(encoding="utf-8")
-    body = text.split("# ---- standalone: begin")[1].split("# ---- standalone: end")[0]
-    body = body.split("\n", 1)[1]
-    return ("\n\n# " + "-" * 94 + "\n# Language model (mirasc.models): RMSNorm, mixer = Layer above, SwiGLU MLP, tied byte "
-            "embeddings.\n# " + "-" * 94 + "\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n" + body.rstrip()
-            + "\n\n\ndef make_model(cfg=None):\n    \"\"\"A byte-level LM whose every block mixes with this module's Layer "
-            "(no hybrid blocks: those need a second compiled memory).\"\"\"\n    cfg = cfg or LMConfig()\n"
-            "    if cfg.hybrid_every:\n        raise ValueError(\"hybrid stacks need mirasc.models.build()\")\n"
-            "    return LanguageModel(cfg, lambda d, h: Layer(d, h, **cfg.layer_options))\n")
+    body = text.split("# ---- standalone: begin")[1].split("# ---- standalone: end")[0].split("\n", 1)[1]
+    factory = (Path(__file__).parent / "codegen" / "templates" / "model_factory.py.tmpl").read_text(encoding="utf-8")
+    rule = "# " + "-" * 94
+    return (f"\n\n{rule}\n# Language model (mirasc.models): RMSNorm, mixer = the Layer above, SwiGLU MLP, tied "
+            f"byte embeddings.\n{rule}\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n"
+            f"{body.rstrip()}\n{factory}")
 
 
 def cmd_check(args) -> int:

@@ -66,13 +66,13 @@ def derive(spec: S.Spec) -> Derivation:
     d = Derivation(spec)
     if not spec.parametric:
         return d
-    for field, stage in (("bias", _derive_bias), ("memory", _derive_memory), ("retention", _derive_retention)):
+    for where, stage in (("bias", _derive_bias), ("memory", _derive_memory), ("retention", _derive_retention)):
         try:
             stage(spec, d)
         except DerivationError:
             raise
         except Exception as err:  # SymPy on extreme input (huge powers, unsupported forms): a spec error
-            raise DerivationError(field, f"cannot derive the {field} in closed form "
+            raise DerivationError(where, f"cannot derive the {where} in closed form "
                                   f"({err.__class__.__name__}: {str(err)[:80]})") from None
     return d
 
@@ -84,8 +84,9 @@ def _check_codegen(expr: sp.Expr, field: str, what: str, param: str | None = Non
     try:
         TorchPrinter().doprint(expr)
     except NotImplementedError as err:
-        raise DerivationError(field, f"{what} needs {err}; no tensor library function exists for it — choose a "
-                              "form whose derivative/inverse uses exp, log, powers, trig or tanh", param=param) from None
+        raise DerivationError(field, f"{what} needs {err}; no tensor library function exists for it — "
+                              "choose a form whose derivative/inverse uses exp, log, powers, trig or tanh",
+                              param=param) from None
 
 
 # ------------------------------------------------------------------------------------ bias

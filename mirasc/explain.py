@@ -99,8 +99,8 @@ def _nonparametric(m: S.Nonparametric) -> list[str]:
         out.append("scores:     a_ts = log κ(u_t, k_s), masked to 0 where s is not visible (Mask_0)")
         if m.score_conv is not None:
             cq, ck = m.score_conv
-            out.append(f"MTA conv:   a_ts ← Σ_{{i<{cq}, |j|≤{ck // 2}}} θ_ij a_(t−i)(s−j)   (past queries, centred keys; "
-                       "θ learned per head, identity init)")
+            out.append(f"MTA conv:   a_ts ← Σ_{{i<{cq}, |j|≤{ck // 2}}} θ_ij a_(t−i)(s−j)   "
+                       "(past queries, centred keys; θ learned per head, identity init)")
         if m.head_mix > 1:
             out.append(f"head mix:   a^h ← Σ_g M_hg a^g within groups of {m.head_mix} heads (learned, identity init)")
         out.append(f"read:       o_t = Σ_{{{rng}}} softmax_s(a_t·) v_s   (invisible keys masked to −∞)")

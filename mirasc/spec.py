@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import sympy as sp
+from pydantic import BaseModel, ConfigDict, Field
 from sympy.printing.precedence import precedence
 from sympy.printing.str import StrPrinter
-from pydantic import BaseModel, ConfigDict, Field
 
 GATE = "gate"
 Coef = Literal["gate"] | float

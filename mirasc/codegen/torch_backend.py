@@ -15,6 +15,7 @@ from .. import derive as D
 from .. import ir
 from .. import spec as S
 from ..explain import equations
+from . import triton_backend
 from .printers import print_block
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
@@ -224,12 +225,19 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
     }
+    coef_order = sorted(set(spec.gates) | set(constants))
+    try:
+        triton_section, no_triton = triton_backend.emit(spec, d, forward, grad, coef_order), ""
+    except triton_backend.Unsupported as err:
+        triton_section, no_triton = "", str(err)
+    flags["triton"] = bool(triton_section)
+    subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
-    return docstring(spec, d, kind, reason) + "\n" + body + layer_source(spec)
+    return docstring(spec, d, kind, reason) + "\n" + body + triton_section + layer_source(spec)
 
 
 def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> str:

@@ -99,10 +99,16 @@ def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[st
 
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
+    try:
+        return _emit(spec, d, forward, grad, coef_order)
+    except NotImplementedError as err:
+        raise Unsupported(f"{err}") from None
+
+
+def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     r, l = spec.retention, spec.learner
     wdims = _dims(spec)
     n_w = len(wdims)
-    acc = r.kind in ("lq", "kl", "elastic", "bregman")
     store_acc = r.kind in ("lq", "elastic")
     mom = l.kind == "momentum"
     mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
@@ -192,7 +198,7 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
             body.append(f"tl.store({tile_ptr(f'Y{i}_out', i)}, y{i}, mask=mask{i})")
         if mom:
             body.append(f"tl.store({tile_ptr(f'S{i}_out', i)}, s{i}, mask=mask{i})")
-    kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):\n"
+    kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):  # noqa: C901\n"
               + "\n".join("        " + line for line in body) + "\n")
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
         .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom))
