@@ -1,0 +1,211 @@
+"""GPU benchmark suite (issue 3): one command, meant to finish in well under 8 minutes on one H200.
+
+    python benchmarks/gpu_suite.py --out benchmarks/gpu_results.md      # on the GPU machine
+    TRITON_INTERPRET=1 python benchmarks/gpu_suite.py --smoke            # CPU: checks the harness only
+
+The GPU image has torch and triton but not lark/sympy/pydantic, so the modules are compiled here first
+(`--emit DIR` writes them) and carried; the suite imports only the emitted files, torch, triton and,
+if present, flash-linear-attention (`fla`) and titans-pytorch.
+
+Cases (bf16 inputs, fp32 accumulation), each timed with triton.testing.do_bench (median), forward and
+forward+backward, reported as ms, tokens/s and the ratio against the peer measured in the same run:
+  * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
+  * gated_deltanet / deltanet / mamba2: mirasc torch chunked path and fused recurrent Triton kernel vs
+    fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
+  * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
+A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+EMIT_DIR = HERE / "emitted"
+SPECS = ["transformer", "sliding_window", "gated_deltanet", "deltanet", "mamba2", "titans"]
+
+
+def emit(out_dir: Path) -> None:
+    """Compile the specs the suite needs (run where mirasc is installed)."""
+    sys.path.insert(0, str(HERE.parent))
+    from mirasc.cli import main
+
+    for name in SPECS:
+        main(["compile", str(HERE.parent / "specs" / f"{name}.miras"), "-o", str(out_dir)])
+
+
+def load(name: str, emit_dir: Path):
+    spec = importlib.util.spec_from_file_location(f"mirasc_{name}", emit_dir / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def bench(fn, device) -> float:
+    """Median milliseconds."""
+    if device == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+    fn()
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def make_inputs(B, T, H, D, dtype, device, gates=(), requires_grad=True):
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    q = torch.nn.functional.normalize(rnd(B, T, H, D).float(), dim=-1).to(dtype)
+    k = torch.nn.functional.normalize(rnd(B, T, H, D).float(), dim=-1).to(dtype)
+    v = rnd(B, T, H, D)
+    ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
+    gs = {n: (ranges[n][0] + (ranges[n][1] - ranges[n][0]) * torch.rand(B, T, H, generator=g)).to(device)
+          for n in gates}
+    if requires_grad:
+        for t in (q, k, v, *gs.values()):
+            t.requires_grad_(True)
+    return q, k, v, gs
+
+
+def timed(label, fwd, rows, device, tokens, peer=None):
+    """fwd() returns a tensor; times forward and forward+backward, and the peer's if given."""
+    def fb(f):
+        def run():
+            out = f()
+            out.float().sum().backward()
+        return run
+
+    try:
+        t_f = bench(fwd, device)
+        t_fb = bench(fb(fwd), device)
+        p_f = bench(peer, device) if peer else None
+        p_fb = bench(fb(peer), device) if peer else None
+        rows.append((label, t_f, t_fb, p_f, p_fb, tokens))
+    except Exception as err:  # keep going: one broken case must not cost the whole GPU session
+        rows.append((label + f" FAILED: {type(err).__name__}: {str(err)[:120]}", None, None, None, None, tokens))
+        traceback.print_exc()
+
+
+def run(args) -> list:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    smoke = args.smoke or device == "cpu"
+    B, T, H, D = (1, 64, 2, 16) if smoke else (8, 4096, 16, 128)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    tokens = B * T
+    mods = {n: load(n, args.emit_dir) for n in SPECS}
+    rows: list = []
+
+    # -- softmax attention: generated flash kernel vs SDPA
+    q, k, v, _ = make_inputs(B, T, H, D, dtype, device)
+    for name in ("transformer", "sliding_window"):
+        mod = mods[name]
+        window = mod.WINDOW
+
+        def sdpa(q=q, k=k, v=v, window=window):
+            qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+            if window:
+                i = torch.arange(T, device=device)
+                mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+
+        timed(f"{name}: mirasc flash (triton) vs torch SDPA", lambda mod=mod: mod.apply(q, k, v, backend="triton")[0],
+              rows, device, tokens, peer=sdpa)
+
+    # -- linear-memory families vs flash-linear-attention
+    try:
+        import fla.ops as fops
+    except ImportError:
+        fops = None
+    for name, gates in (("gated_deltanet", ("eta", "alpha")), ("deltanet", ("eta",)), ("mamba2", ("eta", "alpha"))):
+        mod = mods[name]
+        q, k, v, gs = make_inputs(B, T, H, D, dtype, device, gates)
+        peer = None
+        if fops is not None and not smoke:
+            if name == "gated_deltanet":
+                def peer(q=q, k=k, v=v, gs=gs):
+                    return fops.chunk_gated_delta_rule(q, k, v, g=gs["alpha"].log(), beta=gs["eta"], scale=1.0)[0]
+            elif name == "deltanet":
+                def peer(q=q, k=k, v=v, gs=gs):
+                    return fops.chunk_delta_rule(q, k, v, beta=gs["eta"], scale=1.0)[0]
+            else:
+                def peer(q=q, k=k, v=v, gs=gs):
+                    return fops.chunk_simple_gla(q, k, v * gs["eta"][..., None], g=gs["alpha"].log(), scale=1.0)[0]
+        timed(f"{name}: mirasc chunked (torch) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs:
+              mod.apply(q, k, v, gs, algorithm="chunked")[0], rows, device, tokens, peer=peer)
+        Ts = min(T, 512)  # the recurrent kernel walks tokens: a shorter sequence keeps the suite short
+        qs, ks, vs = (x[:, :Ts].detach().requires_grad_() for x in (q, k, v))
+        gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
+        timed(f"{name}: mirasc fused recurrent (triton fwd) T={Ts}", lambda mod=mod, qs=qs, ks=ks, vs=vs, gss=gss:
+              mod.apply(qs, ks, vs, gss, backend="triton")[0], rows, device, B * Ts)
+
+    # -- Titans: MLP memory layer vs titans-pytorch
+    mod = mods["titans"]
+    dim, heads, Tt = (32, 2, 64) if smoke else (256, 4, 2048)
+    layer = mod.Layer(dim, heads, head_dim=dim).to(device)
+    x = torch.randn(1, Tt, dim, device=device, requires_grad=True)
+    peer = None
+    try:
+        from titans_pytorch import NeuralMemory
+
+        mem = NeuralMemory(dim=dim, chunk_size=64, heads=heads,
+                           default_model_kwargs=dict(depth=2, expansion_factor=4.0)).to(device)
+
+        def peer():
+            return mem(x)[0]
+    except ImportError:
+        pass
+    timed(f"titans layer (dim {dim}, {heads} heads, T={Tt}) vs titans-pytorch", lambda: layer(x), rows, device,
+          Tt, peer=peer)
+    return rows
+
+
+def table(rows, device_name) -> str:
+    lines = [f"\n### mirasc GPU suite — {time.strftime('%Y-%m-%d %H:%M')}, {device_name}, torch {torch.__version__}\n",
+             "| case | fwd ms | fwd+bwd ms | peer fwd ms | peer fwd+bwd ms | fwd+bwd tokens/s | speed vs peer "
+             "(fwd+bwd) |", "|---|---|---|---|---|---|---|"]
+
+    def f(x):
+        return "—" if x is None else f"{x:.3f}"
+
+    for label, t_f, t_fb, p_f, p_fb, tokens in rows:
+        tps = "—" if not t_fb else f"{tokens / (t_fb / 1e3):,.0f}"
+        ratio = "—" if not (t_fb and p_fb) else f"{p_fb / t_fb:.2f}x"
+        lines.append(f"| {label} | {f(t_f)} | {f(t_fb)} | {f(p_f)} | {f(p_fb)} | {tps} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--emit", type=Path, help="compile the suite's specs into this folder and exit")
+    ap.add_argument("--emit-dir", type=Path, default=EMIT_DIR, help="where the emitted modules are")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU, TRITON_INTERPRET=1): harness check")
+    ap.add_argument("--out", type=Path, help="append the markdown table to this file")
+    args = ap.parse_args(argv)
+    if args.emit:
+        emit(args.emit)
+        return 0
+    if not args.emit_dir.exists():
+        emit(args.emit_dir)
+    device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke)"
+    text = table(run(args), device_name)
+    print(text)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as fh:
+            fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
