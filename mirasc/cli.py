@@ -149,8 +149,11 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
-    from . import train
+    from . import explore, train
 
+    p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task (--help)")
+    explore.add_arguments(p)
+    p.set_defaults(fn=explore.run)
     p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
     train.add_arguments(p)
     p.set_defaults(fn=train.run)

@@ -36,7 +36,7 @@ AXES = ("memory", "bias", "retention", "learner", "parallel")
 AXIS_DEFAULTS = {"memory": ["linear"], "bias": ["l2"], "retention": ["none"], "learner": ["gd"], "parallel": ["exact"]}
 DEFAULTS = {
     "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
-    "lr": 3e-3, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
+    "lr": 1e-2, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
     "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
     "force": False, "quiet": False,
 }
