@@ -56,25 +56,25 @@ class TorchPrinter(PythonCodePrinter):
         x, a = expr.args
         return f"(torch.abs({self._print(x)}) ** {self._print(a)})"
 
-    def _print_Max(self, expr):
+    # Library calls that differ between targets (TritonPrinter overrides them).
+    _where, _maximum, _minimum = "torch.where", "torch.maximum", "torch.minimum"
+    _clamp_min, _clamp_max = "torch.clamp_min", "torch.clamp_max"
+
+    def _extremum(self, expr, binary, clamp):
         nums = [a for a in expr.args if a.is_number]
         rest = [a for a in expr.args if not a.is_number]
-        if len(nums) == 1 and len(rest) == 1:
-            return f"torch.clamp_min({self._print(rest[0])}, {self._print(nums[0])})"
+        if len(nums) == 1 and len(rest) == 1:  # max(x, 0) -> clamp: a tensor op with a scalar bound
+            return f"{clamp}({self._print(rest[0])}, {self._print(nums[0])})"
         out = self._print(expr.args[0])
         for a in expr.args[1:]:
-            out = f"torch.maximum({out}, {self._print(a)})"
+            out = f"{binary}({out}, {self._print(a)})"
         return out
 
+    def _print_Max(self, expr):
+        return self._extremum(expr, self._maximum, self._clamp_min)
+
     def _print_Min(self, expr):
-        nums = [a for a in expr.args if a.is_number]
-        rest = [a for a in expr.args if not a.is_number]
-        if len(nums) == 1 and len(rest) == 1:
-            return f"torch.clamp_max({self._print(rest[0])}, {self._print(nums[0])})"
-        out = self._print(expr.args[0])
-        for a in expr.args[1:]:
-            out = f"torch.minimum({out}, {self._print(a)})"
-        return out
+        return self._extremum(expr, self._minimum, self._clamp_max)
 
     def _print_Piecewise(self, expr):
         *branches, (last, cond) = expr.args
@@ -82,7 +82,7 @@ class TorchPrinter(PythonCodePrinter):
             raise NotImplementedError("Piecewise without a default branch")
         out = self._print(last)
         for val, c in reversed(branches):
-            out = f"torch.where({self._print(c)}, {self._print(val)}, {out})"
+            out = f"{self._where}({self._print(c)}, {self._print(val)}, {out})"
         return out
 
     def _print_Relational(self, expr):
@@ -127,13 +127,14 @@ class TorchPrinter(PythonCodePrinter):
         raise NotImplementedError("complex values are not supported")
 
 
-def print_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: str = "_t") -> list[str]:
+def print_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: str = "_t",
+                printer: TorchPrinter | None = None) -> list[str]:
     """CSE the expressions together and print `name = code` lines (SSA, fresh temporaries)."""
     outs = list(exprs)
     rename = {s: sp.Symbol(n, **s.assumptions0) for s, n in names.items()}
     vals = [exprs[o].xreplace(rename) for o in outs]
     repl, reduced = sp.cse(vals, symbols=sp.numbered_symbols(prefix), order="canonical")
-    p = TorchPrinter()
+    p = printer or TorchPrinter()
     lines = [f"{s} = {p.doprint(ex)}" for s, ex in repl]
     lines += [f"{o} = {p.doprint(ex)}" for o, ex in zip(outs, reduced)]
     return lines
@@ -148,6 +149,8 @@ class TritonPrinter(TorchPrinter):
     Functions Triton lacks are written in terms of exp/log/sigmoid, stably."""
 
     printmethod = "_tritoncode"
+    _where, _maximum, _minimum = "tl.where", "tl.maximum", "tl.minimum"
+    _clamp_min, _clamp_max = "tl.maximum", "tl.minimum"
     _FUNCS = {"exp": "tl.exp", "log": "tl.log", "erf": "tl.erf", "Abs": "tl.abs", "sigmoid": "tl.sigmoid",
               "sqrt": "tl.sqrt"}
 
@@ -188,27 +191,6 @@ class TritonPrinter(TorchPrinter):
         px = self._print(x)
         return f"(tl.where(({px}) < 0, -1.0, 1.0) * tl.exp({float(a)!r} * tl.log(tl.abs({px}))))"
 
-    def _print_Max(self, expr):
-        out = self._print(expr.args[0])
-        for arg in expr.args[1:]:
-            out = f"tl.maximum({out}, {self._print(arg)})"
-        return out
-
-    def _print_Min(self, expr):
-        out = self._print(expr.args[0])
-        for arg in expr.args[1:]:
-            out = f"tl.minimum({out}, {self._print(arg)})"
-        return out
-
-    def _print_Piecewise(self, expr):
-        *branches, (last, cond) = expr.args
-        if cond is not sp.true:
-            raise NotImplementedError("Piecewise without a default branch")
-        out = self._print(last)
-        for val, c in reversed(branches):
-            out = f"tl.where({self._print(c)}, {self._print(val)}, {out})"
-        return out
-
     def _print_Pow(self, expr, rational=False):
         base, ex = expr.args
         b = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Pow"])
@@ -224,9 +206,4 @@ class TritonPrinter(TorchPrinter):
 
 
 def print_triton_block(exprs: dict[str, sp.Expr], names: dict[sp.Symbol, str], prefix: str = "_t") -> list[str]:
-    outs = list(exprs)
-    rename = {s: sp.Symbol(n, **s.assumptions0) for s, n in names.items()}
-    vals = [exprs[o].xreplace(rename) for o in outs]
-    repl, reduced = sp.cse(vals, symbols=sp.numbered_symbols(prefix), order="canonical")
-    p = TritonPrinter()
-    return [f"{s} = {p.doprint(ex)}" for s, ex in repl] + [f"{o} = {p.doprint(ex)}" for o, ex in zip(outs, reduced)]
+    return print_block(exprs, names, prefix, TritonPrinter())

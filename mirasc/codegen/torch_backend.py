@@ -134,19 +134,20 @@ def _print_graph(gr: ir.Graph, fn: str) -> str:
     return head + "\n" + "\n".join("    " + line for line in body) + "\n"
 
 
+def _elementwise_fn(name: str, arg: str, symbol, expr, doc: str) -> str:
+    body = print_block({"out": expr}, {symbol: arg})
+    return (f'def {name}({arg}):\n    """{doc}"""\n' + "\n".join("    " + line for line in body)
+            + "\n    return out\n")
+
+
 def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
     parts = []
     if d.elastic is not None:
-        body = print_block({"w": d.elastic}, {D.a: "a"})
-        parts.append("def _elastic_shrink(a):\n    \"\"\"sign(a)·max(|a| − λ, 0).\"\"\"\n"
-                     + "\n".join("    " + line for line in body) + "\n    return w\n")
+        parts.append(_elementwise_fn("_elastic_shrink", "a", D.a, d.elastic, "sign(a)·max(|a| − λ, 0)."))
     if d.phi_prime is not None:
-        body = print_block({"u": d.phi_prime}, {D.w: "w"})
-        parts.append("def _phi_prime(w):\n    \"\"\"φ'(w), the mirror map.\"\"\"\n"
-                     + "\n".join("    " + line for line in body) + "\n    return u\n")
-        body = print_block({"w": d.phi_prime_inv}, {D.u: "u"})
-        parts.append("def _phi_prime_inv(u):\n    \"\"\"(φ')⁻¹(u), derived by symbolic inversion.\"\"\"\n"
-                     + "\n".join("    " + line for line in body) + "\n    return w\n")
+        parts.append(_elementwise_fn("_phi_prime", "w", D.w, d.phi_prime, "φ'(w), the mirror map."))
+        parts.append(_elementwise_fn("_phi_prime_inv", "u", D.u, d.phi_prime_inv,
+                                     "(φ')⁻¹(u), derived by symbolic inversion."))
     if not parts:
         return "# (none here: activations and the bias derivative are inlined into the IR functions below)\n"
     return "\n\n".join(parts)
