@@ -26,6 +26,10 @@ def layer_source(spec: S.Spec) -> str:
     """The Layer class shared by every emitted module (it only calls the module's own functions)."""
     positive = spec.retention.kind == "kl" or (spec.retention.kind == "bregman" and D.derive(spec).positive_domain)
     defaults = {p: v for p, v in spec.layer if p != "kind"}
+    if not spec.parametric and "qk_norm" not in spec.layer.model_fields_set:
+        # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform
+        # attention. Softmax-type memories keep raw q, k unless the spec asks otherwise.
+        defaults["qk_norm"] = "none"
     return LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
 
 
