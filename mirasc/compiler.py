@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import linecache
 import re
+import sys
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,8 @@ def load_source(source: str, name: str) -> types.ModuleType:
     key = hashlib.sha256(source.encode()).hexdigest()
     if key in _CACHE:
         return _CACHE[key]
-    module = types.ModuleType(f"mirasc_generated_{name}")
+    module = types.ModuleType(f"mirasc_generated_{name}_{key[:12]}")
+    sys.modules[module.__name__] = module  # importable by name (torch.compile resolves globals that way)
     module.__file__ = f"<mirasc:{name}:{key[:12]}>"
     # Register the text so inspect.getsource works on the module's functions (triton.jit needs it).
     linecache.cache[module.__file__] = (len(source), None, source.splitlines(True), module.__file__)

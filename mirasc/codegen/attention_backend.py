@@ -4,6 +4,7 @@ tying and temporal encoding, Multi-Token Attention; a flash-style Triton kernel 
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from .. import spec as S
@@ -43,6 +44,7 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
         "NO_TRITON_REASON": reason.replace('"', "'"),
+        "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
     body = preprocess(TEMPLATE, {"triton": has_triton})
     if has_triton:
