@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import sympy as sp
-
 from .. import derive as D
 from .. import ir
 from .. import spec as S
@@ -39,7 +37,6 @@ def preprocess(text: str, flags: dict[str, bool]) -> str:
         s = line.strip()
         if s.startswith("# @"):
             word, _, arg = s[3:].partition(" ")
-            parent = all(active for _, active in stack)
             if word == "if":
                 val = _flag(arg, flags)
                 stack.append((val, val))
@@ -54,7 +51,6 @@ def preprocess(text: str, flags: dict[str, bool]) -> str:
                 stack.pop()
             else:
                 raise ValueError(f"unknown template directive {s}")
-            del parent
             continue
         if all(active for _, active in stack):
             out.append(line)
@@ -258,4 +254,4 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> s
             '"""\n').replace("\\", "\\\\")
 
 
-__all__ = ["emit", "preprocess", "chunked_form", "sp"]
+__all__ = ["emit", "preprocess", "chunked_form", "layer_source"]
