@@ -154,10 +154,11 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--only", choices=["chunked", "gdn", "titans", "compile"], action="append")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
     args = ap.parse_args()
     args.T_small = 256 if args.quick else 1024
     args.T_large = 512 if args.quick else 2048
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(args.threads or max(1, os.cpu_count() or 1))
     rows: list[tuple[str, str, str, str]] = []
     steps = {"chunked": bench_chunked_vs_recurrent, "gdn": bench_gdn_vs_fla, "titans": bench_titans,
              "compile": bench_compile}
