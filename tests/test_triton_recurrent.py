@@ -74,3 +74,26 @@ def test_triton_chunked_is_refused_plainly():
     q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
     with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
         mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")
+
+
+def test_recurrent_op_compiles_without_graph_breaks():
+    """The fused kernel is a registered custom op (fake implementation + autograd formula):
+    torch.compile(fullgraph=True) traces apply(backend="triton") and its backward in one graph."""
+    mod = mirasc.compile_spec(SPECS[0].parent / "gated_deltanet.miras")
+    q, k, v, gates, state = inputs(mod, 1, 5, 2, 4, 4)
+    for t in (q, k, v, *gates.values()):
+        t.requires_grad_(True)
+
+    def run(q, k, v, gates, state):
+        o, final = mod.apply(q, k, v, gates, state=state, backend="triton")
+        return o, final["W"]
+
+    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
+    o, w = compiled(q, k, v, gates, state)
+    ref_o, ref_w = run(q, k, v, gates, state)
+    assert rel(o, ref_o) < 1e-6 and rel(w, ref_w) < 1e-6
+    leaves = (q, k, v, *gates.values())
+    grads = torch.autograd.grad(o.sum() + w.sum(), leaves)
+    ref_grads = torch.autograd.grad(ref_o.sum() + ref_w.sum(), leaves)
+    for a, b in zip(grads, ref_grads):
+        assert rel(a, b) < 1e-5

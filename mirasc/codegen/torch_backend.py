@@ -155,11 +155,9 @@ def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
 
 def _weight_shapes(spec: S.Spec) -> str:
     m = spec.memory
-    if m.kind == "linear":
+    if m.kind == "linear" or m.depth == 1:
         return "[(d_v, d_k)]"
     hid = f"{m.expansion} * d_k"
-    if m.depth == 1:
-        return "[(d_v, d_k)]"
     shapes = [f"({hid}, d_k)"] + [f"({hid}, {hid})"] * (m.depth - 2) + [f"(d_v, {hid})"]
     return "[" + ", ".join(shapes) + "]"
 

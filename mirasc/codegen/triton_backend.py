@@ -13,6 +13,8 @@ differentiates it, so gradients are exact but the backward runs at torch speed.
 
 from __future__ import annotations
 
+import hashlib
+
 import sympy as sp
 
 from .. import ir
@@ -200,8 +202,9 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             body.append(f"tl.store({tile_ptr(f'S{i}_out', i)}, s{i}, mask=mask{i})")
     kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):  # noqa: C901\n"
               + "\n".join("        " + line for line in body) + "\n")
+    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
-        .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom))
+        .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id)
 
 
 def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
@@ -226,7 +229,8 @@ SECTION = '''
 # ----------------------------------------------------------------------------------------------
 # Triton: fused recurrent forward kernel, printed from the IR (one program per (batch, head); the
 # memory lives in registers; tokens are walked in order). backend="triton" uses it for the forward;
-# the backward recomputes the torch recurrence (exact gradients, torch speed). Runs on the CPU under
+# the backward recomputes the torch recurrence (exact gradients, torch speed); a registered custom op,
+# so torch.compile keeps it in one graph. Runs on the CPU under
 # TRITON_INTERPRET=1 (set before triton is imported).
 # ----------------------------------------------------------------------------------------------
 try:
@@ -256,8 +260,7 @@ def _state_keys():
 def _launch_recurrent(q, k, v, c, state):
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
-    shapes = init_state(1, 1, Dk, Dv, device="meta")
-    Ne = shapes[WEIGHTS[0]].shape[-2] if len(WEIGHTS) > 1 else 1
+    Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1  # the hidden width of an MLP memory
     coefs = torch.stack([c[n].float() for n in _COEF_ORDER], dim=-1).contiguous() if _COEF_ORDER else \\
         torch.zeros(B, H, T, 1, device=q.device)
     o = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
@@ -273,43 +276,58 @@ def _launch_recurrent(q, k, v, c, state):
     return o, final
 
 
-class _RecurrentTriton(torch.autograd.Function):
-    """Forward: the fused Triton kernel. Backward: recompute the torch recurrence and differentiate it."""
+def _recompute_grads(q, k, v, coefs, state, grads_out):
+    """The backward: rerun the torch recurrence on the saved inputs and differentiate it."""
+    with torch.enable_grad():
+        inputs = [t.detach().requires_grad_() for t in (q, k, v, *coefs, *state)]
+        c = dict(zip(_COEF_ORDER, inputs[3:3 + len(coefs)]))
+        c.update({n: torch.full_like(inputs[0][..., 0], val) for n, val in CONSTANTS.items() if n not in c})
+        o, final = _recurrent(inputs[0], inputs[1], inputs[2], c, dict(zip(_state_keys(), inputs[3 + len(coefs):])))
+        outs = [o] + [final[key] for key in _state_keys()]
+        pairs = [(a, g) for a, g in zip(outs, grads_out) if g is not None]
+        grads = torch.autograd.grad([a for a, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+    return grads[0], grads[1], grads[2], list(grads[3:3 + len(coefs)]), list(grads[3 + len(coefs):])
 
-    @staticmethod
-    def forward(ctx, q, k, v, n_coef, *rest):
-        coef_values, state_values = rest[:n_coef], rest[n_coef:]
-        c = dict(zip(_COEF_ORDER, coef_values))
-        state = dict(zip(_state_keys(), state_values))
-        o, final = _launch_recurrent(q, k, v, c, state)
-        ctx.save_for_backward(q, k, v, *rest)
-        ctx.n_coef = n_coef
-        return (o, *[final[key].to(state[key].dtype) for key in _state_keys()])
 
-    @staticmethod
-    def backward(ctx, do, *dfinal):
+# torch.compile: a registered custom op with a fake (shape-only) implementation and an autograd
+# formula, so compiled graphs hold it without a graph break. The name is derived from the spec text.
+def _register_recurrent_op():
+    if triton is None or not hasattr(torch.library, "custom_op"):
+        return None
+    existing = getattr(getattr(torch.ops, "mirasc", None), "recurrent_{{OP_ID}}", None)
+    if existing is not None:
+        return existing
+
+    @torch.library.custom_op("mirasc::recurrent_{{OP_ID}}", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, coefs: list[torch.Tensor],
+           state: list[torch.Tensor]) -> list[torch.Tensor]:
+        o, final = _launch_recurrent(q, k, v, dict(zip(_COEF_ORDER, coefs)), dict(zip(_state_keys(), state)))
+        return [o] + [final[key].to(s.dtype) for key, s in zip(_state_keys(), state)]
+
+    @op.register_fake
+    def _(q, k, v, coefs, state):
+        return [q.new_empty(*q.shape[:3], v.shape[-1])] + [torch.empty_like(s) for s in state]
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, coefs, state = inputs
+        ctx.save_for_backward(q, k, v, *coefs, *state)
+        ctx.n_coef = len(coefs)
+
+    def backward(ctx, grads_out):
         saved = ctx.saved_tensors
-        q, k, v, rest = saved[0], saved[1], saved[2], saved[3:]
-        with torch.enable_grad():
-            inputs = [t.detach().requires_grad_(t.requires_grad or True) for t in (q, k, v, *rest)]
-            c = dict(zip(_COEF_ORDER, inputs[3:3 + ctx.n_coef]))
-            c.update({n: torch.full_like(inputs[0][..., 0], val) for n, val in CONSTANTS.items() if n not in c})
-            state = dict(zip(_state_keys(), inputs[3 + ctx.n_coef:]))
-            full_state = init_state(q.shape[0], q.shape[1], q.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)
-            full_state.update(state)
-            o, final = _recurrent(inputs[0], inputs[1], inputs[2], c, full_state)
-            outs = [o] + [final[key] for key in _state_keys()]
-            grads_out = [do] + list(dfinal)
-            pairs = [(a, g) for a, g in zip(outs, grads_out) if g is not None]
-            grads = torch.autograd.grad([a for a, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
-        return (grads[0], grads[1], grads[2], None, *grads[3:])
+        n = ctx.n_coef
+        return _recompute_grads(saved[0], saved[1], saved[2], saved[3:3 + n], saved[3 + n:], grads_out)
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+_RECURRENT_OP = _register_recurrent_op()
 
 
 def _recurrent_triton(q, k, v, c, state):
-    if triton is None:
-        raise RuntimeError("backend='triton' needs the triton package")
-    coef_values = [c[n] for n in _COEF_ORDER]
-    outs = _RecurrentTriton.apply(q, k, v, len(coef_values), *coef_values, *[state[key] for key in _state_keys()])
-    o, values = outs[0], outs[1:]
-    return o, dict(zip(_state_keys(), values))
+    if _RECURRENT_OP is None:
+        raise RuntimeError("backend='triton' needs the triton package (and torch.library.custom_op)")
+    outs = _RECURRENT_OP(q, k, v, [c[n] for n in _COEF_ORDER], [state[key] for key in _state_keys()])
+    return outs[0], dict(zip(_state_keys(), outs[1:]))
 '''
