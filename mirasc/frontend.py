@@ -190,6 +190,7 @@ class _Builder:
                 raise self.err(key_tok, f"layer option `{key}` given twice")
             kwargs[key] = self.value("layer", "layer", key, expr)
             where[key] = expr
+            self._check_kind(S.LayerOptions, "layer", key, kwargs[key], expr)
         try:
             return S.LayerOptions(**kwargs)
         except ValidationError as ve:
@@ -264,8 +265,6 @@ class _Builder:
         if isinstance(value, str) and value not in words:
             if not words or "gate" in words:  # a number (or gate) is expected: never parse words as numbers
                 raise self.err(node, f"`{form}({key}=...)` takes {_expected_kind(annotation)}, not `{value}`")
-        if is_flag and not isinstance(value, bool):
-            raise self.err(node, f"`{form}({key}=...)` takes true or false")
         if key in S.GATE_OF_PARAM and isinstance(value, float) and not _coef_ok(key, value):
             raise self.err(node, f"bad value for `{form}({key}=...)`: {S.COEF_RANGE[key][2]}, or `gate`")
 
