@@ -14,12 +14,12 @@ No blind simplify(): only diff, targeted solve and cse at print time.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sympy as sp
 
 from . import spec as S
-from .primitives import apow, relu, sigmoid, spow, step
+from .primitives import apow, relu, sigmoid, spow
 
 # Symbols shared by the derivation, the IR and the printers.
 e = sp.Symbol("e", real=True)          # residual M(k) - v, one coordinate
@@ -55,7 +55,6 @@ class Derivation:
     phi_prime: sp.Expr | None = None     # u = φ'(w)
     phi_prime_inv: sp.Expr | None = None  # w = (φ')⁻¹(u)
     positive_domain: bool = False        # weights must stay > 0 (kl, Bregman potentials defined on w > 0)
-    equations: list[tuple[str, sp.Expr | str]] = field(default_factory=list)
 
 
 def coef(value, gate_symbol: sp.Symbol) -> sp.Expr:
@@ -122,7 +121,6 @@ def _derive_bias(spec: S.Spec, d: Derivation) -> None:
     _check_printable(dl, "bias", "the loss derivative")
     _check_codegen(dl, "bias", "the loss derivative")
     d.dloss = dl
-    d.equations.append(("∂ℓ/∂y", dl))
 
 
 def _proximal(dl: sp.Expr, d: Derivation) -> sp.Expr:
@@ -181,8 +179,6 @@ def _derive_memory(spec: S.Spec, d: Derivation) -> None:
     if spec.memory.kind == "mlp":
         d.act = ACTIVATIONS[spec.memory.act]
         d.act_grad = sp.diff(d.act, x)
-        d.equations.append((f"{spec.memory.act}(x)", d.act))
-        d.equations.append((f"{spec.memory.act}'(x)", d.act_grad))
 
 
 # ------------------------------------------------------------------------------- retention
@@ -193,7 +189,6 @@ def _derive_retention(spec: S.Spec, d: Derivation) -> None:
     elif r.kind == "elastic":
         lam = sp.Float(r.lam)
         d.elastic = sp.sign(a) * sp.Max(sp.Abs(a) - lam, 0)
-        d.equations.append(("W = shrink(A)", d.elastic))
     elif r.kind == "bregman":
         _derive_bregman(r.phi.subs(sp.Symbol("w", real=True), w), d)
 
@@ -243,9 +238,6 @@ def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
     _check_codegen(dphi, "retention", "φ'", param="phi")
     _check_codegen(chosen, "retention", "(φ')⁻¹", param="phi")
     d.phi_prime, d.phi_prime_inv = dphi, chosen
-    d.equations.append(("φ(w)", phi))
-    d.equations.append(("φ'(w)", dphi))
-    d.equations.append(("(φ')⁻¹(u)", chosen))
 
 
 _X = sp.Wild("X")
@@ -287,5 +279,4 @@ def _real_at(expr: sp.Expr, points) -> bool:
 
 
 # Re-exported for printers.
-__all__ = ["Derivation", "DerivationError", "derive", "e", "v", "y", "enorm", "delta", "cprox", "x", "w", "a", "u",
-           "spow", "apow", "step", "sigmoid", "relu"]
+__all__ = ["Derivation", "DerivationError", "derive", "e", "v", "y", "enorm", "delta", "cprox", "x", "w", "a", "u"]
