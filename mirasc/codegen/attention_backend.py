@@ -51,4 +51,4 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         body += TRITON
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
-    return doc + "\n" + body + layer_source(spec)
+    return doc + "\n" + body + layer_source(spec, d)

@@ -20,9 +20,9 @@ TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_t
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
 
 
-def layer_source(spec: S.Spec) -> str:
+def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     """The Layer class shared by every emitted module (it only calls the module's own functions)."""
-    positive = spec.retention.kind == "kl" or (spec.retention.kind == "bregman" and D.derive(spec).positive_domain)
+    positive = d.positive_domain  # kl, or a Bregman potential defined on w > 0
     defaults = {p: v for p, v in spec.layer if p != "kind"}
     if not spec.parametric and "qk_norm" not in spec.layer.model_fields_set:
         # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform
@@ -75,9 +75,9 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return "minibatch", ""  # e.g. Hebbian: the gradient never reads the state, any chunking is exact
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
-    return None, (f"with parallel=exact, the {b.kind} bias on a {m.kind} memory with {l.kind}/{r.kind} makes each "
-                  "token's gradient depend nonlinearly on the previous token's state, so there is no exact chunked "
-                  "form; parallel=minibatch(C) gives one")
+    return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
+                  f"{r.kind} retention) reads the state the previous token left, and no exact chunked form is "
+                  "derived for that combination; parallel=minibatch(C) has one")
 
 
 def _print_graph(gr: ir.Graph, fn: str) -> str:
@@ -236,7 +236,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
-    return docstring(spec, d, kind, reason) + "\n" + body + triton_section + layer_source(spec)
+    return docstring(spec, d, kind, reason) + "\n" + body + triton_section + layer_source(spec, d)
 
 
 def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> str:
