@@ -260,6 +260,10 @@ class _Dist:
 
     def close(self):
         if self.owns_group:
+            # Every rank must be done with collectives before the group goes: tearing it down while a
+            # peer still runs one aborts that peer's gloo thread ("terminate called without an active
+            # exception") at exit.
+            dist.barrier()
             dist.destroy_process_group()
 
 
