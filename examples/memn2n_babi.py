@@ -82,13 +82,18 @@ def _story_world(rng, n):
     return sents, snaps
 
 
-def gen_single(rng, n):
-    sents = []
-    loc = {}
+def _moves(rng, n):
+    """n random moves; returns the sentences and everyone's last place."""
+    sents, loc = [], {}
     for _ in range(n):
         who = rng.choice(PEOPLE)
         loc[who] = rng.choice(PLACES)
         sents.append(_move(rng, who, loc[who]))
+    return sents, loc
+
+
+def gen_single(rng, n):
+    sents, loc = _moves(rng, n)
     who = rng.choice(sorted(loc))
     return sents, ["where", "is", who, "?"], loc[who]
 
@@ -130,12 +135,7 @@ def gen_count(rng, n):
 
 
 def gen_yesno(rng, n):
-    sents = []
-    loc = {}
-    for _ in range(n):
-        who = rng.choice(PEOPLE)
-        loc[who] = rng.choice(PLACES)
-        sents.append(_move(rng, who, loc[who]))
+    sents, loc = _moves(rng, n)
     who = rng.choice(sorted(loc))
     yes = rng.random() < 0.5
     place = loc[who] if yes else rng.choice([p for p in PLACES if p != loc[who]])

@@ -228,6 +228,15 @@ class Spec(BaseModel):
             return tuple(f"W{i + 1}" for i in range(self.memory.depth))
         return ()
 
+    def weight_dims(self) -> list[tuple[str, str]]:
+        """(rows, cols) of each weight in `weights`, as k = Dk, v = Dv, e = expansion·Dk (MLP hidden width)."""
+        m = self.memory
+        if m.kind == "linear" or (m.kind == "mlp" and m.depth == 1):
+            return [("v", "k")]
+        if m.kind == "mlp":
+            return [("e", "k")] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
+        return []
+
     def canonical(self) -> str:
         """Canonical spec text: every parameter written out, one field per line."""
         lines = [f"model {self.name} {{"]

@@ -154,12 +154,9 @@ def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
 
 
 def _weight_shapes(spec: S.Spec) -> str:
-    m = spec.memory
-    if m.kind == "linear" or m.depth == 1:
-        return "[(d_v, d_k)]"
-    hid = f"{m.expansion} * d_k"
-    shapes = [f"({hid}, d_k)"] + [f"({hid}, {hid})"] * (m.depth - 2) + [f"(d_v, {hid})"]
-    return "[" + ", ".join(shapes) + "]"
+    """The weights' [rows, cols] as code in d_k and d_v."""
+    size = {"k": "d_k", "v": "d_v", "e": f"{getattr(spec.memory, 'expansion', 1)} * d_k"}
+    return "[" + ", ".join(f"({size[r]}, {size[c]})" for r, c in spec.weight_dims()) + "]"
 
 
 def _init_doc(spec: S.Spec, d: D.Derivation) -> str:

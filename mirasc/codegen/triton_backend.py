@@ -27,14 +27,6 @@ class Unsupported(Exception):
     pass
 
 
-def _dims(spec: S.Spec) -> list[tuple[str, str]]:
-    """(rows, cols) dimension names of each weight: k = Dk, v = Dv, e = hidden (expansion·Dk)."""
-    m = spec.memory
-    if m.kind == "linear" or m.depth == 1:
-        return [("v", "k")]
-    return [("e", "k")] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
-
-
 def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
                  dims_of_weight: list[tuple[str, str]]) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Print an IR graph as straight-line Triton code on 1-D tiles. Returns (lines, outputs, dims)."""
@@ -109,7 +101,7 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
 
 def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     r, l = spec.retention, spec.learner
-    wdims = _dims(spec)
+    wdims = spec.weight_dims()
     n_w = len(wdims)
     store_acc = r.kind in ("lq", "elastic")
     mom = l.kind == "momentum"
