@@ -227,6 +227,10 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)
     flags["triton"] = bool(triton_section)
+    family = triton_backend.chunk_family(spec, kind) if triton_section else None
+    flags["triton_chunked"] = family is not None
+    if family is not None:
+        triton_section += triton_backend.emit_chunked(spec, family, preprocess)
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():

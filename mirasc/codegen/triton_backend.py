@@ -14,6 +14,7 @@ differentiates it, so gradients are exact but the backward runs at torch speed.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import sympy as sp
 
@@ -89,6 +90,37 @@ def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[st
             raise Unsupported(f"no Triton printer for IR op {op.op}")
         names[nid] = var
     return lines, outputs, dims
+
+
+CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
+
+
+def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
+    """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
+
+    All three share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
+    differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
+    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor)."""
+    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
+    if m.kind != "linear" or r.kind not in ("none", "decay"):
+        return None
+    if b.kind == "dot" and l.kind == "gd":
+        return "hebbian"
+    if b.kind == "l2" and chunk_kind == "delta":
+        return "delta"
+    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
+        return "minibatch"
+    return None
+
+
+def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
+    """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family."""
+    r = spec.retention
+    flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
+             "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
+             "pre_decay": r.kind == "decay" and r.order == "pre"}
+    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
 
 
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
