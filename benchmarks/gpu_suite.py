@@ -10,8 +10,8 @@ if present, flash-linear-attention (`fla`) and titans-pytorch.
 Cases (bf16 inputs, fp32 accumulation), each timed with triton.testing.do_bench (median), forward and
 forward+backward, reported as ms, tokens/s and the ratio against the peer measured in the same run:
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
-  * gated_deltanet / deltanet / mamba2: mirasc torch chunked path and fused recurrent Triton kernel vs
-    fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
+  * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
+    fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
 """
@@ -142,13 +142,15 @@ def run(args) -> list:
             else:
                 def peer(q=q, k=k, v=v, gs=gs):
                     return fops.chunk_simple_gla(q, k, v * gs["eta"][..., None], g=gs["alpha"].log(), scale=1.0)[0]
+        timed(f"{name}: mirasc chunked (triton) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs:
+              mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens, peer=peer)
         timed(f"{name}: mirasc chunked (torch) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs:
-              mod.apply(q, k, v, gs, algorithm="chunked")[0], rows, device, tokens, peer=peer)
+              mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0], rows, device, tokens, peer=peer)
         Ts = min(T, 512)  # the recurrent kernel walks tokens: a shorter sequence keeps the suite short
         qs, ks, vs = (x[:, :Ts].detach().requires_grad_() for x in (q, k, v))
         gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
         timed(f"{name}: mirasc fused recurrent (triton fwd) T={Ts}", lambda mod=mod, qs=qs, ks=ks, vs=vs, gss=gss:
-              mod.apply(qs, ks, vs, gss, backend="triton")[0], rows, device, B * Ts)
+              mod.apply(qs, ks, vs, gss, backend="triton", algorithm="recurrent")[0], rows, device, B * Ts)
 
     # -- Titans: MLP memory layer vs titans-pytorch
     mod = mods["titans"]
