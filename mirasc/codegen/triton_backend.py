@@ -7,8 +7,14 @@ the `memory_grad` graph printed as matrix-vector code, the learner and retention
 updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
 Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks.
 
-Backward: not a Triton kernel yet. The autograd wrapper recomputes the torch recurrence and
-differentiates it, so gradients are exact but the backward runs at torch speed.
+Backward of the recurrent kernel: not a Triton kernel yet. The autograd wrapper recomputes the torch
+recurrence and differentiates it, so gradients are exact but the backward runs at torch speed.
+
+Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Triton: linear memories whose
+update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
+and mini-batch l2 — with none/decay retention. One kernel pair serves all three (a scan over chunks
+with W_0 checkpoints, a reverse sweep for the backward); the families differ only in the chunk-local
+torch preparation (`chunk_family`), which autograd differentiates.
 """
 
 from __future__ import annotations
