@@ -8,7 +8,8 @@ The GPU image has torch and triton but not lark/sympy/pydantic, so the modules a
 if present, flash-linear-attention (`fla`) and titans-pytorch.
 
 Cases (bf16 inputs, fp32 accumulation), each timed with triton.testing.do_bench (median), forward and
-forward+backward, reported as ms, tokens/s and the ratio against the peer measured in the same run:
+forward+backward, reported as ms, tokens/s, the ratio against the peer measured in the same run, and
+achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilings:
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
@@ -78,8 +79,27 @@ def make_inputs(B, T, H, D, dtype, device, gates=(), requires_grad=True):
     return q, k, v, gs
 
 
-def timed(label, fwd, rows, device, tokens, peer=None):
-    """fwd() returns a tensor; times forward and forward+backward, and the peer's if given."""
+# Ceilings of one H200 (vendor datasheet, see the device notes): dense bf16 matmul and HBM bandwidth.
+PEAK_TFLOPS, PEAK_TBS = 990.0, 4.8
+
+
+def flops_attention(B, H, T, D, window=0):
+    """Forward matmul FLOPs of causal (or windowed) attention: QKᵀ and PV over the visible pairs."""
+    pairs = T * (T + 1) / 2 if not window else T * min(window, T)
+    return 4 * B * H * pairs * D
+
+
+def flops_chunked_linear(B, H, T, D, C=64, delta=False):
+    """Forward matmul FLOPs of the chunk form per token: QKᵀ and (D∘QKᵀ)u (4CD), QW₀ᵀ and the state update
+    (4D²); the delta rule adds Wk W₀ᵀ (2D²), KKᵀ and the triangular solve (about 4CD)."""
+    per_token = 4 * C * D + 4 * D * D + ((2 * D * D + 4 * C * D) if delta else 0)
+    return B * H * T * per_token
+
+
+def timed(label, fwd, rows, device, tokens, peer=None, flops=None, nbytes=None):
+    """fwd() returns a tensor; times forward and forward+backward, and the peer's if given.
+    flops: forward matmul FLOPs of the model (fwd+bwd counted as 3x); nbytes: the forward's compulsory
+    HBM traffic (inputs read once, outputs written once)."""
     def fb(f):
         def run():
             out = f()
@@ -91,9 +111,10 @@ def timed(label, fwd, rows, device, tokens, peer=None):
         t_fb = bench(fb(fwd), device)
         p_f = bench(peer, device) if peer else None
         p_fb = bench(fb(peer), device) if peer else None
-        rows.append((label, t_f, t_fb, p_f, p_fb, tokens))
+        rows.append((label, t_f, t_fb, p_f, p_fb, tokens, flops, nbytes))
     except Exception as err:  # keep going: one broken case must not cost the whole GPU session
-        rows.append((label + f" FAILED: {type(err).__name__}: {str(err)[:120]}", None, None, None, None, tokens))
+        rows.append((label + f" FAILED: {type(err).__name__}: {str(err)[:120]}", None, None, None, None, tokens,
+                     None, None))
         traceback.print_exc()
 
 
@@ -121,7 +142,8 @@ def run(args) -> list:
             return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
 
         timed(f"{name}: mirasc flash (triton) vs torch SDPA", lambda mod=mod: mod.apply(q, k, v, backend="triton")[0],
-              rows, device, tokens, peer=sdpa)
+              rows, device, tokens, peer=sdpa, flops=flops_attention(B, H, T, D, window),
+              nbytes=4 * B * T * H * D * q.element_size())
 
     # -- linear-memory families vs flash-linear-attention
     try:
@@ -142,10 +164,14 @@ def run(args) -> list:
             else:
                 def peer(q=q, k=k, v=v, gs=gs):
                     return fops.chunk_simple_gla(q, k, v * gs["eta"][..., None], g=gs["alpha"].log(), scale=1.0)[0]
+        cost = dict(flops=flops_chunked_linear(B, H, T, D, delta=name != "mamba2"),
+                    nbytes=4 * B * T * H * D * q.element_size() + 4 * B * T * H * len(gs))
         timed(f"{name}: mirasc chunked (triton) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs:
-              mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens, peer=peer)
+              mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens, peer=peer,
+              **cost)
         timed(f"{name}: mirasc chunked (torch) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs:
-              mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0], rows, device, tokens, peer=peer)
+              mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0], rows, device, tokens, peer=peer,
+              **cost)
         Ts = min(T, 512)  # the recurrent kernel walks tokens: a shorter sequence keeps the suite short
         qs, ks, vs = (x[:, :Ts].detach().requires_grad_() for x in (q, k, v))
         gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
@@ -176,15 +202,20 @@ def run(args) -> list:
 def table(rows, device_name) -> str:
     lines = [f"\n### mirasc GPU suite — {time.strftime('%Y-%m-%d %H:%M')}, {device_name}, torch {torch.__version__}\n",
              "| case | fwd ms | fwd+bwd ms | peer fwd ms | peer fwd+bwd ms | fwd+bwd tokens/s | speed vs peer "
-             "(fwd+bwd) |", "|---|---|---|---|---|---|---|"]
+             f"(fwd+bwd) | fwd TFLOP/s (% of {PEAK_TFLOPS:.0f}) | fwd+bwd TFLOP/s | fwd GB/s (% of {PEAK_TBS} TB/s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x):
         return "—" if x is None else f"{x:.3f}"
 
-    for label, t_f, t_fb, p_f, p_fb, tokens in rows:
+    for label, t_f, t_fb, p_f, p_fb, tokens, flops, nbytes in rows:
         tps = "—" if not t_fb else f"{tokens / (t_fb / 1e3):,.0f}"
         ratio = "—" if not (t_fb and p_fb) else f"{p_fb / t_fb:.2f}x"
-        lines.append(f"| {label} | {f(t_f)} | {f(t_fb)} | {f(p_f)} | {f(p_fb)} | {tps} | {ratio} |")
+        tf = "—" if not (flops and t_f) else f"{flops / t_f / 1e9:.1f} ({100 * flops / t_f / 1e9 / PEAK_TFLOPS:.1f}%)"
+        tfb = "—" if not (flops and t_fb) else f"{3 * flops / t_fb / 1e9:.1f}"
+        bw = "—" if not (nbytes and t_f) else f"{nbytes / t_f / 1e6:.0f} ({100 * nbytes / t_f / 1e9 / PEAK_TBS:.1f}%)"
+        cells = [label, f(t_f), f(t_fb), f(p_f), f(p_fb), tps, ratio, tf, tfb, bw]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
