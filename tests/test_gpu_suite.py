@@ -1,0 +1,28 @@
+"""The GPU benchmark suite's harness, run at --smoke size on the CPU (Triton under the interpreter):
+a lent GPU session has minutes, so the suite must not be found broken there. Every case must run
+(no FAILED row) from modules emitted into a fresh folder, as on the GPU machine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+SUITE = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_suite.py"
+
+
+def test_gpu_suite_smoke(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_suite", SUITE)
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    emitted = tmp_path / "emitted"
+    assert suite.main(["--emit", str(emitted)]) == 0
+    out = tmp_path / "results.md"
+    assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out)]) == 0
+    table = out.read_text(encoding="utf-8")
+    assert "FAILED" not in table, table
+    for case in ("flash (triton)", "gated_deltanet: mirasc chunked (triton)", "mamba2: mirasc chunked (triton)",
+                 "deltanet: mirasc fused recurrent", "titans layer"):
+        assert case in table, case
