@@ -124,7 +124,7 @@ def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
     r = spec.retention
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
-             "pre_decay": r.kind == "decay" and r.order == "pre"}
+             "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
 
