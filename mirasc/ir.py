@@ -22,6 +22,7 @@ import networkx as nx
 import sympy as sp
 
 from . import derive as D
+from . import primitives as P
 from . import spec as S
 
 # op -> number of sources (None: variable)
@@ -35,6 +36,7 @@ ARITY = {
     "rowsumsq": 1,     # Σ t² over the last axis, keepdim
     "layernorm": 1,    # LayerNorm over the last axis, no affine, eps 1e-5
     "layernorm_bwd": 2,  # (z, dℓ/dy) -> dℓ/dz for y = LayerNorm(z)
+    "rowsum": 1,       # Σ t over the last axis, keepdim (a vector's cotangent flowing into a scalar)
     "output": 1,
 }
 MATMUL_OPS = ("layer", "linear", "linear_t")
@@ -216,7 +218,8 @@ def dead_code(gr: Graph) -> Graph:
 def group_kernels(gr: Graph) -> Graph:
     """Annotate fusion groups: connected regions of elementwise/row-reduction ops between matmuls.
     Each group is what one fused kernel computes; the Triton backend prints one kernel per group."""
-    fusable = [n for n in gr.g.nodes if gr.node(n).op in ("ew", "rownorm", "rowsumsq", "layernorm", "layernorm_bwd")]
+    fusable = [n for n in gr.g.nodes
+               if gr.node(n).op in ("ew", "rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd")]
     sub = gr.g.subgraph(fusable).to_undirected()
     for i, comp in enumerate(sorted((sorted(c) for c in nx.connected_components(sub)), key=lambda c: c[0])):
         for n in comp:
@@ -335,6 +338,109 @@ def state_independent_gradient(gr: Graph) -> bool:
     then every chunking of the sequence gives the exact recurrence."""
     weights = [n for n in gr.g.nodes if gr.node(n).op == "weight"]
     return all(not (nx.descendants(gr.g, w) & set(gr.outputs())) for w in weights)
+
+
+# ------------------------------------------------------------------------------- reverse mode
+class NoVJP(Exception):
+    """The graph holds an op without a reverse-mode rule here (the caller keeps another backward)."""
+
+
+def _vector_valued(gr: Graph) -> dict[int, bool]:
+    """Which nodes are vectors (token tensors) rather than per-token scalars (gates, norms)."""
+    vec: dict[int, bool] = {}
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        if op.op == "input":
+            vec[nid] = op.arg in ("x", "k", "v")
+        elif op.op in ("weight", "output"):
+            vec[nid] = False
+        elif op.op in ("rownorm", "rowsumsq", "rowsum"):
+            vec[nid] = False
+        elif op.op == "ew":
+            vec[nid] = not srcs or any(vec[s] for s in srcs)
+        else:
+            vec[nid] = True
+    return vec
+
+
+def _clean_derivative(expr: sp.Expr) -> sp.Expr:
+    """∂ of sign/|·|/Piecewise conditions gives DiracDelta terms: zero almost everywhere (and what
+    autograd returns), so they are dropped; anything SymPy could not differentiate is refused."""
+    expr = expr.replace(sp.DiracDelta, lambda *args: sp.S.Zero)
+    expr = expr.replace(sp.Heaviside, lambda *args: P.step(args[0]))  # the a.e. derivative of max/|·| kinks
+    if expr.has(sp.Derivative, sp.Subs):
+        raise NoVJP(f"no closed-form derivative of {expr}")
+    return expr
+
+
+def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
+    """Reverse mode on an IR graph, as a new IR graph (the backward is derived, never hand-written).
+
+    `seeds` maps output names of `gr` to the names of new inputs holding their cotangents. The result
+    recomputes the forward nodes it needs and has outputs `d_<input>` (cotangent of each input reached,
+    e.g. d_k, d_v, d_eta) and `dz<i>` (cotangent of the matmul h ↦ W_i h, so the caller forms
+    ∂/∂W_i = dz_i hᵀ with its own outer product). Rules: ew by SymPy differentiation per source (summed
+    over the row when a vector flows into a scalar), rownorm, rowsumsq, linear (→ linear_t)."""
+    out = Graph(title)
+    out.g = gr.g.copy()
+    out.counter = gr.counter
+    vec = _vector_valued(gr)
+    by_name = {gr.node(n).arg: gr.srcs(n)[0] for n in gr.outputs()}
+    cts: dict[int, list[int]] = {}
+    for name, ct_name in sorted(seeds.items()):
+        c = out.add("input", arg=ct_name, name=ct_name)
+        vec[c] = vec[by_name[name]]
+        cts.setdefault(by_name[name], []).append(c)
+    for o in gr.outputs():
+        out.g.remove_node(o)
+    g_sym = sp.Symbol("g", real=True)
+
+    def total(nid: int) -> int:
+        terms = cts[nid]
+        acc = terms[0]
+        for t in terms[1:]:
+            a, b = sp.Symbol("a", real=True), sp.Symbol("b", real=True)
+            acc = out.ew(a + b, {a: acc, b: t}, name=f"ct_{gr.node(nid).name}")
+        return acc
+
+    for nid in reversed(gr.order()):
+        if nid not in cts or gr.node(nid).op == "output":
+            continue
+        op, srcs, g = gr.node(nid), gr.srcs(nid), total(nid)
+        if op.op == "input":
+            out.add("output", g, arg=f"d_{op.arg}", name=f"out_d_{op.arg}")
+        elif op.op == "linear":
+            w, h = srcs
+            out.add("output", g, arg=f"dz{op.arg}", name=f"out_dz{op.arg}")
+            cts.setdefault(h, []).append(out.add("linear_t", w, g, arg=op.arg, name=f"dh_{gr.node(nid).name}"))
+        elif op.op == "ew":
+            expr, syms = op.arg
+            for src, sym in zip(srcs, syms):
+                dexpr = _clean_derivative(sp.diff(expr, sym))
+                if dexpr == 0:
+                    continue
+                bind = dict(zip(syms, srcs))
+                bind[g_sym] = g
+                term = out.ew(dexpr * g_sym, {s: bind[s] for s in (dexpr * g_sym).free_symbols},
+                              name=f"d{gr.node(src).name}_{op.name}")
+                vec[term] = vec[g] or any(vec[bind[s]] for s in dexpr.free_symbols)
+                if vec[term] and not vec[src]:
+                    term = out.add("rowsum", term, name=f"sum_{gr.node(src).name}_{op.name}")
+                cts.setdefault(src, []).append(term)
+        elif op.op == "rownorm":  # ∂‖t‖/∂t = t/‖t‖ (0 at t = 0, as autograd gives)
+            ts, ns = sp.Symbol("t", real=True), sp.Symbol("n", nonnegative=True)
+            term = out.ew(sp.Piecewise((g_sym * ts / ns, ns > 0), (0, True)), {ts: srcs[0], ns: nid, g_sym: g},
+                          name=f"d{gr.node(srcs[0]).name}_norm")
+            cts.setdefault(srcs[0], []).append(term)
+        elif op.op == "rowsumsq":
+            ts = sp.Symbol("t", real=True)
+            cts.setdefault(srcs[0], []).append(out.ew(2 * ts * g_sym, {ts: srcs[0], g_sym: g},
+                                                      name=f"d{gr.node(srcs[0]).name}_sumsq"))
+        elif op.op == "weight":
+            continue
+        else:
+            raise NoVJP(f"no reverse-mode rule for IR op {op.op}")
+    return run_pipeline(out)
 
 
 def compile_graphs(spec: S.Spec, d: D.Derivation) -> tuple[Graph, Graph]:

@@ -98,3 +98,37 @@ def test_recurrent_op_compiles_without_graph_breaks():
     ref_grads = torch.autograd.grad(ref_o.sum() + ref_w.sum(), leaves)
     for a, b in zip(grads, ref_grads):
         assert rel(a, b) < 1e-5
+
+
+# The recurrent kernel's generated backward (reverse sweep over checkpointed segments, the bias derivative
+# through ir.vjp): every linear-memory spec has it; MLP memories and lq/kl retention recompute in torch.
+TRITON_BWD = ["custom_cauchy", "deltanet", "gated_deltanet", "hyperbolic_mirror", "linear_attention", "longhorn",
+              "mamba2", "retnet", "sparse_lp", "ttt_linear"]
+
+
+def test_which_specs_have_the_generated_backward():
+    have = sorted(p.stem for p in SPECS if mirasc.compile_spec(p)._BWD_STATE)
+    assert have == TRITON_BWD
+
+
+@pytest.mark.parametrize("name", TRITON_BWD + ["huber_momentum_decay_post"])
+def test_generated_backward_over_several_segments(name):
+    """T = 70 crosses two checkpoint boundaries (segments of 32) and mini-batch boundaries (16, 32)."""
+    if name == "huber_momentum_decay_post":
+        mod = mirasc.compile_spec("model huber_momentum_decay_post {\nmemory = linear\nbias = huber(delta=gate)\n"
+                                  "retention = decay(alpha=gate, order=post)\n"
+                                  "learner = momentum(lr=gate, theta=gate)\n}\n")
+    else:
+        mod = mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
+    q, k, v, gates, state = inputs(mod, 1, 70, 1, 6, 5, seed=1)
+    leaves = [q, k, v, *gates.values(), *state.values()]
+    for t in leaves:
+        t.requires_grad_(True)
+    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
+    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    w = torch.randn_like(ref)
+    wf = {n: torch.randn_like(t) for n, t in ref_final.items()}
+    grads = torch.autograd.grad((o * w).sum() + sum((final[n] * wf[n]).sum() for n in final), leaves)
+    ref_grads = torch.autograd.grad((ref * w).sum() + sum((ref_final[n] * wf[n]).sum() for n in ref_final), leaves)
+    for n, a, b in zip(["q", "k", "v", *gates, *state], grads, ref_grads):
+        assert rel(a, b) < 2e-5, n

@@ -34,6 +34,9 @@ class Unsupported(Exception):
     pass
 
 
+BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
+
+
 def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
                  dims_of_weight: list[tuple[str, str]]) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """Print an IR graph as straight-line Triton code on 1-D tiles. Returns (lines, outputs, dims)."""
@@ -78,6 +81,9 @@ def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[st
             dims[nid] = "s"
         elif op.op == "rowsumsq":
             lines.append(f"{var} = tl.sum({a[0]} * {a[0]}, axis=0)")
+            dims[nid] = "s"
+        elif op.op == "rowsum":
+            lines.append(f"{var} = tl.sum({a[0]}, axis=0)")
             dims[nid] = "s"
         elif op.op == "layernorm":
             n = da[0]
@@ -233,8 +239,209 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):  # noqa: C901\n"
               + "\n".join("        " + line for line in body) + "\n")
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    bwd_state: list[str] = []
+    why_not = backward_unsupported(spec)
+    if why_not is None:
+        try:
+            bwd_kernel, bwd_state = _emit_bwd(spec, d, grad, coef_order, BWD_SEGMENT)
+            kernel += "\n" + bwd_kernel
+        except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
+            why_not = str(err)
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
-        .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id)
+        .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id) \
+        .replace("{{BWD_STATE}}", repr(tuple(bwd_state))).replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
+        .replace("{{BWD_REASON}}", why_not or "")
+
+
+def backward_unsupported(spec: S.Spec) -> str | None:
+    """Why the recurrent kernel's backward is not a Triton kernel for this spec (None: it is)."""
+    if spec.memory.kind != "linear":
+        return "MLP memories (the reverse sweep needs second derivatives through LayerNorm and matmul tiles)"
+    if spec.retention.kind in ("lq", "kl"):
+        return f"{spec.retention.kind} retention (its readout couples the whole matrix)"
+    return None
+
+
+def _readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
+    """R'(y) of an elementwise readout w = R(y) (elastic shrink, Bregman (φ')⁻¹)."""
+    if spec.retention.kind == "elastic":
+        sym = sp.Symbol("a", real=True)
+        return ir._clean_derivative(sp.diff(d.elastic, sym)), sym
+    sym = sp.Symbol("u", real=True)
+    return ir._clean_derivative(sp.diff(d.phi_prime_inv, sym)), sym
+
+
+def _emit_bwd(spec: S.Spec, d: Derivation, grad: ir.Graph, coef_order: list[str], seg: int) -> str:
+    """The recurrent backward kernel for linear memories: a reverse sweep over segments of `seg` tokens.
+
+    Pass 1 walks the tokens forward and checkpoints the state at each segment start; pass 2 visits the
+    segments in reverse, replays the segment forward into a scratch buffer (the state before each
+    token), then walks it backward: per token it recomputes the step from the saved state and applies
+    the reverse of each piece — the read y = W q, the retention (decay, or the accumulator and its
+    elementwise readout), the learner (gd or momentum), the rank-1 gradient δ kᵀ and, through the
+    reverse-mode graph `ir.vjp(memory_grad)`, the bias derivative dℓ/dy."""
+    r, l = spec.retention, spec.learner
+    mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
+    readout = r.kind in ("elastic", "bregman")
+    store_acc = r.kind == "elastic"
+    wdims = spec.weight_dims()
+    scal = {n: f"c_{n}" for n in coef_order}
+    vjp = ir.vjp(grad, {"delta1": "ct_delta1", "input1": "ct_input1"}, "memory_grad_vjp")
+    vjp_outputs = {gr_op.arg for gr_op in (vjp.node(n) for n in vjp.outputs())}
+    state = ["w"] + (["y"] if readout else []) + (["s"] if mom else []) + (["anchor"] if mb else [])
+    tile = "bh * Nv * Nk + rv[:, None] * Nk + rk[None, :]"
+
+    def scratch(n, slot):  # buffer BUF_n: per program NSLOT [Dv, Dk] tiles (NCK checkpoints, then a segment)
+        return f"BUF_{n} + (bh * NSLOT + {slot}) * Nv * Nk + rv[:, None] * Nk + rk[None, :]"
+
+    def load_token():
+        lines = ["q = tl.load(Q + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+                 "k = tl.load(K + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+                 "v = tl.load(V + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
+        lines += [f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})" for j, n in enumerate(coef_order)]
+        return lines
+
+    def step():
+        """One token forward from the state variables (updated in place); keeps the intermediates."""
+        lines = []
+        if mb:
+            lines += [f"new_chunk = (t % {mb}) == 0", "anchor = tl.where(new_chunk, w, anchor)"]
+        lines.append("w_prev = w")
+        lines.append("w_dec = c_alpha * w" if r.kind == "decay" and r.order == "pre" else "w_dec = w")
+        g_lines, g_out, _ = _graph_lines(grad, "g_", ["anchor" if mb else "w_dec"], scal,
+                                         {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+        lines += g_lines
+        lines += [f"delta1 = {g_out['delta1']}", f"input1 = {g_out['input1']}",
+                  "grad = delta1[:, None] * input1[None, :]"]
+        if mom:
+            lines += ["s_prev = s", "s = c_theta * s - c_eta * grad", "upd = s"]
+        else:
+            lines.append("upd = -c_eta * grad")
+        if readout:
+            lines.append("y_prev = y")
+            lines.append("y = c_alpha * y + upd" if r.kind == "elastic" else "y = y + upd")
+            lines += [ln.replace("y0", "y").replace("w0", "w").replace("mask0", "wmask")
+                      for ln in _readout(spec, d, 0, TritonPrinter())]
+        elif r.kind == "decay" and r.order == "post":
+            lines.append("w = c_alpha * w + upd")
+        else:
+            lines.append("w = w_dec + upd")
+        return lines
+
+    def reverse():
+        """The reverse of step(): carried cotangents dw, dy, ds, da (after the token) -> before it."""
+        lines = ["do = tl.load(DO + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)",
+                 "dq = tl.sum(w * do[:, None], axis=0)",  # y_t = W_t q_t
+                 "dw = dw + do[:, None] * q[None, :]"]
+        lines += [f"dc_{n} = 0.0" for n in coef_order]
+        if readout:
+            dexpr, sym = _readout_derivative(spec, d)
+            lines += print_triton_block({"rprime": dexpr}, {sym: "y"}, prefix="_rp_")
+            lines += ["dyv = dy + rprime * dw", "dupd = dyv", "dw_dec = tl.zeros_like(dw)"]
+            if r.kind == "elastic":
+                lines += ["dc_alpha = dc_alpha + tl.sum(tl.sum(dyv * y_prev, axis=1), axis=0)", "dy = c_alpha * dyv"]
+            else:
+                lines.append("dy = dyv")
+        elif r.kind == "decay" and r.order == "post":
+            lines += ["dupd = dw", "dc_alpha = dc_alpha + tl.sum(tl.sum(dw * w_prev, axis=1), axis=0)",
+                      "dw_dec = c_alpha * dw"]  # W_t = α W_{t-1} + upd: the gradient read W_{t-1} = w_dec
+        else:
+            lines += ["dupd = dw", "dw_dec = dw"]
+        if mom:
+            lines += ["dst = ds + dupd", "dc_theta = dc_theta + tl.sum(tl.sum(dst * s_prev, axis=1), axis=0)",
+                      "dc_eta = dc_eta - tl.sum(tl.sum(dst * grad, axis=1), axis=0)",
+                      "dgrad = -c_eta * dst", "ds = c_theta * dst"]
+        else:
+            lines += ["dc_eta = dc_eta - tl.sum(tl.sum(dupd * grad, axis=1), axis=0)", "dgrad = -c_eta * dupd"]
+        lines += ["ct_delta1 = tl.sum(dgrad * input1[None, :], axis=1)",
+                  "ct_input1 = tl.sum(dgrad * delta1[:, None], axis=0)"]
+        v_lines, v_out, _ = _graph_lines(vjp, "b_", ["anchor" if mb else "w_dec"], scal,
+                                         {"k": ("k", "k"), "v": ("v", "v"), "ct_delta1": ("ct_delta1", "v"),
+                                          "ct_input1": ("ct_input1", "k")}, wdims)
+        lines += v_lines
+        lines.append(f"dk = {v_out['d_k']}" if "d_k" in vjp_outputs else "dk = tl.zeros_like(k)")
+        lines.append(f"dv = {v_out['d_v']}" if "d_v" in vjp_outputs else "dv = tl.zeros_like(v)")
+        for n in coef_order:
+            if f"d_{n}" in vjp_outputs:
+                lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)
+        if "dz0" in vjp_outputs:
+            lines.append(f"dA = {v_out['dz0']}[:, None] * k[None, :]")
+            lines.append("da = da + dA" if mb else "dw_dec = dw_dec + dA")
+        if r.kind == "decay" and r.order == "pre":
+            lines += ["dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec * w_prev, axis=1), axis=0)", "dw = c_alpha * dw_dec"]
+        elif r.kind == "decay":
+            lines.append("dw = dw_dec")
+        elif readout:
+            lines.append("dw = dw_dec")  # the gradient read R(y_{t-1}); its cotangent reaches y at token t-1
+        else:
+            lines.append("dw = dw_dec")
+        if mb:
+            lines += ["dw = tl.where(new_chunk, dw + da, dw)", "da = tl.where(new_chunk, tl.zeros_like(da), da)"]
+        lines += ["tl.store(DQ + (bh * T + t) * Nk + rk, dq, mask=mk)",
+                  "tl.store(DK + (bh * T + t) * Nk + rk, dk, mask=mk)",
+                  "tl.store(DV + (bh * T + t) * Nv + rv, dv, mask=mv)"]
+        lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
+        return lines
+
+    init = ["bh = tl.program_id(0)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "mk = rk < Nk",
+            "mv = rv < Nv", "wmask = mv[:, None] & mk[None, :]",
+            f"w = tl.load(W_in + {tile}, mask=wmask, other=0.0).to(tl.float32)"]
+    if store_acc:
+        init.append(f"y = tl.load(Y_in + {tile}, mask=wmask, other=0.0).to(tl.float32)")
+    elif r.kind == "bregman":
+        init += print_triton_block({"y": d.phi_prime}, {sp.Symbol("w", real=True): "w"}, prefix="_y_")
+        init.append("y = tl.where(wmask, y, 0.0)")
+    if mom:
+        init.append(f"s = tl.load(S_in + {tile}, mask=wmask, other=0.0).to(tl.float32)")
+    if mb:
+        init.append("anchor = w")
+    body = list(init)
+    # pass 1: forward, checkpointing the state at each segment start
+    body.append("for t in range(T):")
+    body.append(f"    if t % {seg} == 0:")
+    body += [f"        tl.store({scratch(n, f't // {seg}')}, {n}, mask=wmask)" for n in state]
+    body += ["    " + ln for ln in load_token() + step()]
+    # pass 2: segments in reverse
+    body += [f"dw = tl.load(DW_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)"]
+    if readout:
+        body.append(f"dy = tl.load(DY_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)" if store_acc
+                    else "dy = tl.zeros_like(dw)")
+    if mom:
+        body.append(f"ds = tl.load(DS_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)")
+    if mb:
+        body.append("da = tl.zeros_like(dw)")
+    body += [f"for sg in range(0, tl.cdiv(T, {seg})):",
+             f"    g0 = (tl.cdiv(T, {seg}) - 1 - sg) * {seg}",
+             f"    n_tok = tl.minimum({seg}, T - g0)"]
+    body += [f"    {n} = tl.load({scratch(n, f'g0 // {seg}')}, mask=wmask, other=0.0)" for n in state]
+    body += ["    for j in range(0, n_tok):", "        t = g0 + j"]
+    body += [f"        tl.store({scratch(n, 'NCK + j')}, {n}, mask=wmask)" for n in state]
+    body += ["        " + ln for ln in load_token() + step()]
+    body += ["    tl.debug_barrier()", "    for jj in range(0, n_tok):", "        j = n_tok - 1 - jj",
+             "        t = g0 + j"]
+    body += [f"        {n} = tl.load({scratch(n, 'NCK + j')}, mask=wmask, other=0.0)" for n in state]
+    body += ["        " + ln for ln in load_token() + step() + reverse()]
+    # cotangents of the initial state
+    if r.kind == "bregman":
+        w0 = "tl.load(W_in + " + tile + ", mask=wmask, other=0.0).to(tl.float32)"
+        phi2 = ir._clean_derivative(sp.diff(d.phi_prime, sp.Symbol("w", real=True)))
+        body += [f"w_init = {w0}"] + print_triton_block({"phi2": phi2}, {sp.Symbol("w", real=True): "w_init"},
+                                                        prefix="_p2_")
+        body.append("dw = dw + tl.where(wmask, phi2 * dy, 0.0)")
+    body.append(f"tl.store(DW_in + {tile}, dw, mask=wmask)")
+    if store_acc:
+        body.append(f"tl.store(DY_in + {tile}, dy, mask=wmask)")
+    if mom:
+        body.append(f"tl.store(DS_in + {tile}, ds, mask=wmask)")
+    ptrs = ["Q", "K", "V", "C", "DO", "W_in", "DW_fin", "DW_in"]
+    if store_acc:
+        ptrs += ["Y_in", "DY_fin", "DY_in"]
+    if mom:
+        ptrs += ["S_in", "DS_fin", "DS_in"]
+    ptrs += [f"BUF_{n}" for n in state] + ["DQ", "DK", "DV", "DC"]
+    sig = ", ".join(ptrs) + ", T, Nk, Nv, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr"
+    return ("    @triton.jit\n    def _fused_recurrent_bwd(" + sig + "):  # noqa: C901\n"
+            + "\n".join("        " + line for line in body) + "\n"), state
 
 
 def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
@@ -272,6 +479,10 @@ except ImportError:
 _COEF_ORDER = {{COEF_ORDER}}
 _STORE_ACC = {{STORE_ACC}}
 _MOMENTUM = {{MOMENTUM}}
+# The backward kernel's per-token state (empty: the backward recomputes the torch recurrence, because
+# {{BWD_REASON}}) and its checkpoint interval (a schedule choice).
+_BWD_STATE = {{BWD_STATE}}
+_BWD_SEGMENT = {{BWD_SEGMENT}}
 
 if triton is not None:
 {{KERNEL}}
@@ -306,6 +517,29 @@ def _launch_recurrent(q, k, v, c, state):
     return o, final
 
 
+def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
+    """The generated reverse sweep: gradients of q, k, v, every coefficient and the initial state."""
+    B, H, T, Dk = q.shape
+    Dv = v.shape[-1]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    keys = _state_keys()
+    do = grads_out[0] if grads_out[0] is not None else torch.zeros(B, H, T, Dv, **f32)
+    dfinal = [g if g is not None else torch.zeros_like(s, dtype=torch.float32) for g, s in zip(grads_out[1:], state)]
+    coef = torch.stack([c.float() for c in coefs], dim=-1).contiguous()
+    args = [q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), coef, do.float().contiguous()]
+    d_init = [torch.empty(B, H, Dv, Dk, **f32) for _ in keys]
+    for key, s, g, out in zip(keys, state, dfinal, d_init):
+        args += [s.float().contiguous(), g.float().contiguous(), out]
+    n_ck = triton.cdiv(T, _BWD_SEGMENT)
+    args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, Dv, Dk, **f32) for _ in _BWD_STATE]
+    dq, dk = torch.empty(B, H, T, Dk, **f32), torch.empty(B, H, T, Dk, **f32)
+    dv, dc = torch.empty(B, H, T, Dv, **f32), torch.empty(B, H, T, len(_COEF_ORDER), **f32)
+    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, T, Dk, Dv, n_ck, n_ck + _BWD_SEGMENT,
+                                   NC=len(_COEF_ORDER), BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv))
+    dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
+
+
 def _recompute_grads(q, k, v, coefs, state, grads_out):
     """The backward: rerun the torch recurrence on the saved inputs and differentiate it."""
     with torch.enable_grad():
@@ -317,6 +551,40 @@ def _recompute_grads(q, k, v, coefs, state, grads_out):
         pairs = [(a, g) for a, g in zip(outs, grads_out) if g is not None]
         grads = torch.autograd.grad([a for a, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
     return grads[0], grads[1], grads[2], list(grads[3:3 + len(coefs)]), list(grads[3 + len(coefs):])
+
+
+def _register_bwd_op():
+    """The generated backward as an op of its own (a fake implementation lets torch.compile trace it)."""
+    if triton is None or not _BWD_STATE or not hasattr(torch.library, "custom_op"):
+        return None
+    existing = getattr(getattr(torch.ops, "mirasc", None), "recurrent_bwd_{{OP_ID}}", None)
+    if existing is not None:
+        return existing
+
+    @torch.library.custom_op("mirasc::recurrent_bwd_{{OP_ID}}", mutates_args=())
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, coefs: list[torch.Tensor], state: list[torch.Tensor],
+           grads_out: list[torch.Tensor]) -> list[torch.Tensor]:
+        dq, dk, dv, dc, ds = _launch_recurrent_bwd(q, k, v, coefs, state, grads_out)
+        return [dq, dk, dv, *dc, *ds]
+
+    @op.register_fake
+    def _(q, k, v, coefs, state, grads_out):
+        return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), *[torch.empty_like(c) for c in coefs],
+                *[torch.empty_like(s) for s in state]]
+
+    return op
+
+
+_BWD_OP_RAW = _register_bwd_op()
+
+
+def _BWD_OP(q, k, v, coefs, state, grads_out):
+    o_like = q.new_zeros(*q.shape[:3], v.shape[-1])
+    grads_out = [o_like if grads_out[0] is None else grads_out[0]] + \
+        [torch.zeros_like(s) if g is None else g for g, s in zip(grads_out[1:], state)]
+    outs = _BWD_OP_RAW(q, k, v, coefs, state, grads_out)
+    n = len(coefs)
+    return outs[0], outs[1], outs[2], list(outs[3:3 + n]), list(outs[3 + n:])
 
 
 # torch.compile: a registered custom op with a fake (shape-only) implementation and an autograd
@@ -346,6 +614,8 @@ def _register_recurrent_op():
     def backward(ctx, grads_out):
         saved = ctx.saved_tensors
         n = ctx.n_coef
+        if _BWD_STATE:
+            return _BWD_OP(saved[0], saved[1], saved[2], list(saved[3:3 + n]), list(saved[3 + n:]), list(grads_out))
         return _recompute_grads(saved[0], saved[1], saved[2], saved[3:3 + n], saved[3 + n:], grads_out)
 
     op.register_autograd(backward, setup_context=setup_context)
