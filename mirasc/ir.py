@@ -37,6 +37,7 @@ ARITY = {
     "layernorm": 1,    # LayerNorm over the last axis, no affine, eps 1e-5
     "layernorm_bwd": 2,  # (z, dℓ/dy) -> dℓ/dz for y = LayerNorm(z)
     "rowsum": 1,       # Σ t over the last axis, keepdim (a vector's cotangent flowing into a scalar)
+    "layernorm_bwd2": 3,  # (z, dy, g) -> ∂/∂z ⟨g, layernorm_bwd(z, dy)⟩ (reverse mode through LayerNorm's backward)
     "output": 1,
 }
 MATMUL_OPS = ("layer", "linear", "linear_t")
@@ -219,7 +220,8 @@ def group_kernels(gr: Graph) -> Graph:
     """Annotate fusion groups: connected regions of elementwise/row-reduction ops between matmuls.
     Each group is what one fused kernel computes; the Triton backend prints one kernel per group."""
     fusable = [n for n in gr.g.nodes
-               if gr.node(n).op in ("ew", "rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd")]
+               if gr.node(n).op in ("ew", "rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd",
+                                    "layernorm_bwd2")]
     sub = gr.g.subgraph(fusable).to_undirected()
     for i, comp in enumerate(sorted((sorted(c) for c in nx.connected_components(sub)), key=lambda c: c[0])):
         for n in comp:
@@ -377,10 +379,12 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
     """Reverse mode on an IR graph, as a new IR graph (the backward is derived, never hand-written).
 
     `seeds` maps output names of `gr` to the names of new inputs holding their cotangents. The result
-    recomputes the forward nodes it needs and has outputs `d_<input>` (cotangent of each input reached,
-    e.g. d_k, d_v, d_eta) and `dz<i>` (cotangent of the matmul h ↦ W_i h, so the caller forms
-    ∂/∂W_i = dz_i hᵀ with its own outer product). Rules: ew by SymPy differentiation per source (summed
-    over the row when a vector flows into a scalar), rownorm, rowsumsq, linear (→ linear_t)."""
+    recomputes the forward nodes it needs and has outputs `d_<input>` (the cotangent of each input
+    reached: d_x, d_k, d_v, d_eta, ...) and, for each weight i, pairs `outer<i>_<j>_l` / `outer<i>_<j>_r`
+    whose outer products sum to ∂/∂W_i (the caller forms them on its weight tiles). Rules: ew by SymPy
+    differentiation per source (summed over the row when a vector flows into a scalar), rownorm, rowsumsq,
+    linear/layer (h ↦ W h), linear_t (d ↦ Wᵀ d), layernorm and layernorm_bwd (LayerNorm's Jacobian is
+    symmetric; its second-order term is the layernorm_bwd2 op)."""
     out = Graph(title)
     out.g = gr.g.copy()
     out.counter = gr.counter
@@ -395,6 +399,26 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
         out.g.remove_node(o)
     g_sym = sp.Symbol("g", real=True)
 
+    def is_vec(n: int) -> bool:  # for nodes made here, by the same rule as _vector_valued
+        if n not in vec:
+            op, srcs = out.node(n), out.srcs(n)
+            vec[n] = (op.op not in ("rownorm", "rowsumsq", "rowsum", "weight", "output")
+                      and (op.op != "ew" or not srcs or any(is_vec(x) for x in srcs)))
+        return vec[n]
+
+    weights = {gr.node(n).arg: n for n in gr.g.nodes if gr.node(n).op == "weight"}
+    n_pairs: dict[int, int] = {}
+
+    def weight(i: int) -> int:  # the forward graph's matmuls name their weight only by index
+        if i not in weights:
+            weights[i] = out.add("weight", arg=i, name=f"W{i + 1}")
+        return weights[i]
+
+    def outer(i: int, left: int, right: int) -> None:
+        j = n_pairs[i] = n_pairs.get(i, -1) + 1
+        out.add("output", left, arg=f"outer{i}_{j}_l", name=f"out_outer{i}_{j}_l")
+        out.add("output", right, arg=f"outer{i}_{j}_r", name=f"out_outer{i}_{j}_r")
+
     def total(nid: int) -> int:
         terms = cts[nid]
         acc = terms[0]
@@ -407,14 +431,29 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
         if nid not in cts or gr.node(nid).op == "output":
             continue
         op, srcs, g = gr.node(nid), gr.srcs(nid), total(nid)
+        name = op.name
         if op.op == "input":
             out.add("output", g, arg=f"d_{op.arg}", name=f"out_d_{op.arg}")
-        elif op.op == "linear":
-            w, h = srcs
-            out.add("output", g, arg=f"dz{op.arg}", name=f"out_dz{op.arg}")
-            cts.setdefault(h, []).append(out.add("linear_t", w, g, arg=op.arg, name=f"dh_{gr.node(nid).name}"))
+        elif op.op in ("linear", "layer"):
+            h = srcs[-1]
+            outer(op.arg, g, h)
+            w = srcs[0] if op.op == "linear" else weight(op.arg)
+            cts.setdefault(h, []).append(out.add("linear_t", w, g, arg=op.arg, name=f"dh_{name}"))
+        elif op.op == "linear_t":
+            w, dd = srcs
+            outer(op.arg, dd, g)
+            cts.setdefault(dd, []).append(out.add("linear", w, g, arg=op.arg, name=f"dd_{name}"))
+        elif op.op == "layernorm":
+            cts.setdefault(srcs[0], []).append(out.add("layernorm_bwd", srcs[0], g, name=f"dz_{name}"))
+        elif op.op == "layernorm_bwd":
+            z, dy = srcs
+            cts.setdefault(dy, []).append(out.add("layernorm_bwd", z, g, name=f"ddy_{name}"))
+            cts.setdefault(z, []).append(out.add("layernorm_bwd2", z, dy, g, name=f"dz_{name}"))
         elif op.op == "ew":
             expr, syms = op.arg
+            g_sym = sp.Symbol("cot", real=True)  # the incoming cotangent: a name the expression does not use
+            while g_sym in syms:
+                g_sym = sp.Symbol(g_sym.name + "_", real=True)
             for src, sym in zip(srcs, syms):
                 dexpr = _clean_derivative(sp.diff(expr, sym))
                 if dexpr == 0:
@@ -422,18 +461,18 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
                 bind = dict(zip(syms, srcs))
                 bind[g_sym] = g
                 term = out.ew(dexpr * g_sym, {s: bind[s] for s in (dexpr * g_sym).free_symbols},
-                              name=f"d{gr.node(src).name}_{op.name}")
-                vec[term] = vec[g] or any(vec[bind[s]] for s in dexpr.free_symbols)
-                if vec[term] and not vec[src]:
-                    term = out.add("rowsum", term, name=f"sum_{gr.node(src).name}_{op.name}")
+                              name=f"d{gr.node(src).name}_{name}")
+                if is_vec(term) and not is_vec(src):
+                    term = out.add("rowsum", term, name=f"sum_{gr.node(src).name}_{name}")
                 cts.setdefault(src, []).append(term)
         elif op.op == "rownorm":  # ∂‖t‖/∂t = t/‖t‖ (0 at t = 0, as autograd gives)
+            g_sym = sp.Symbol("g", real=True)
             ts, ns = sp.Symbol("t", real=True), sp.Symbol("n", nonnegative=True)
             term = out.ew(sp.Piecewise((g_sym * ts / ns, ns > 0), (0, True)), {ts: srcs[0], ns: nid, g_sym: g},
                           name=f"d{gr.node(srcs[0]).name}_norm")
             cts.setdefault(srcs[0], []).append(term)
         elif op.op == "rowsumsq":
-            ts = sp.Symbol("t", real=True)
+            g_sym, ts = sp.Symbol("g", real=True), sp.Symbol("t", real=True)
             cts.setdefault(srcs[0], []).append(out.ew(2 * ts * g_sym, {ts: srcs[0], g_sym: g},
                                                       name=f"d{gr.node(srcs[0]).name}_sumsq"))
         elif op.op == "weight":

@@ -20,6 +20,7 @@ torch preparation (`chunk_family`), which autograd differentiates.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import sympy as sp
@@ -89,6 +90,21 @@ def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[st
             n = da[0]
             lines += [f"{var}_c = tl.where(m{n}, {a[0]} - tl.sum({a[0]}, axis=0) / N{n}, 0.0)",
                       f"{var} = {var}_c * tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)"]
+            dims[nid] = n
+        elif op.op == "layernorm_bwd2":  # ∂/∂z ⟨g, LN'(z)ᵀ dy⟩, with c = z - mean z, r = rstd, a = dy - mean dy
+            n = da[0]
+            z, dy, g = a
+            lines += [f"{var}_c = tl.where(m{n}, {z} - tl.sum({z}, axis=0) / N{n}, 0.0)",
+                      f"{var}_r = tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)",
+                      f"{var}_a = tl.where(m{n}, {dy} - tl.sum({dy}, axis=0) / N{n}, 0.0)",
+                      f"{var}_mac = tl.sum({var}_a * {var}_c, axis=0) / N{n}",
+                      f"{var}_ga = tl.sum({g} * {var}_a, axis=0)",
+                      f"{var}_gc = tl.sum({g} * {var}_c, axis=0)",
+                      f"{var}_r3 = {var}_r * {var}_r * {var}_r",
+                      f"{var}_x = {var}_r3 * ((3.0 * {var}_r * {var}_r * {var}_mac * {var}_gc - {var}_ga) * {var}_c "
+                      f"/ N{n} - {var}_gc * {var}_a / N{n} - {var}_mac * {g})",
+                      f"{var}_x = tl.where(m{n}, {var}_x, 0.0)",
+                      f"{var} = tl.where(m{n}, {var}_x - tl.sum({var}_x, axis=0) / N{n}, 0.0)"]
             dims[nid] = n
         elif op.op == "layernorm_bwd":
             n = da[0]
@@ -243,20 +259,20 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     why_not = backward_unsupported(spec)
     if why_not is None:
         try:
-            bwd_kernel, bwd_state = _emit_bwd(spec, d, grad, coef_order, BWD_SEGMENT)
+            bwd_kernel, bwd_state = _emit_bwd(spec, d, forward, grad, coef_order, BWD_SEGMENT)
             kernel += "\n" + bwd_kernel
         except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
             why_not = str(err)
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
         .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id) \
-        .replace("{{BWD_STATE}}", repr(tuple(bwd_state))).replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
+        .replace("{{BWD_STATE}}", repr(tuple(bwd_state))) \
+        .replace("{{BWD_STATE_WEIGHT}}", repr(tuple(_widx(n) for n in bwd_state))) \
+        .replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
         .replace("{{BWD_REASON}}", why_not or "")
 
 
 def backward_unsupported(spec: S.Spec) -> str | None:
     """Why the recurrent kernel's backward is not a Triton kernel for this spec (None: it is)."""
-    if spec.memory.kind != "linear":
-        return "MLP memories (the reverse sweep needs second derivatives through LayerNorm and matmul tiles)"
     if spec.retention.kind in ("lq", "kl"):
         return f"{spec.retention.kind} retention (its readout couples the whole matrix)"
     return None
@@ -271,28 +287,56 @@ def _readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol
     return ir._clean_derivative(sp.diff(d.phi_prime_inv, sym)), sym
 
 
-def _emit_bwd(spec: S.Spec, d: Derivation, grad: ir.Graph, coef_order: list[str], seg: int) -> str:
-    """The recurrent backward kernel for linear memories: a reverse sweep over segments of `seg` tokens.
+def _widx(var: str) -> int:
+    """The weight index a state variable name ends with (w0, anchor12, ...)."""
+    return int(re.search(r"\d+$", var).group())
+
+
+def _outer_sum(v_out: dict[str, str], i: int) -> str | None:
+    """Σ_j l_j r_jᵀ over the outer-product pairs a reverse-mode graph gives for weight i."""
+    terms, j = [], 0
+    while f"outer{i}_{j}_l" in v_out:
+        terms.append(f"{v_out[f'outer{i}_{j}_l']}[:, None] * {v_out[f'outer{i}_{j}_r']}[None, :]")
+        j += 1
+    return " + ".join(terms) or None
+
+
+def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+              seg: int) -> tuple[str, list[str]]:
+    """The recurrent backward kernel: a reverse sweep over segments of `seg` tokens.
 
     Pass 1 walks the tokens forward and checkpoints the state at each segment start; pass 2 visits the
     segments in reverse, replays the segment forward into a scratch buffer (the state before each
     token), then walks it backward: per token it recomputes the step from the saved state and applies
-    the reverse of each piece — the read y = W q, the retention (decay, or the accumulator and its
-    elementwise readout), the learner (gd or momentum), the rank-1 gradient δ kᵀ and, through the
-    reverse-mode graph `ir.vjp(memory_grad)`, the bias derivative dℓ/dy."""
+    the reverse of each piece — the read y = M(q) and the gradient factors (δ_i, x_i) through the
+    reverse-mode graphs `ir.vjp(memory_forward)` and `ir.vjp(memory_grad)` (bias derivative, activations,
+    LayerNorm, residual), then the learner (gd or momentum), the retention (decay, or an accumulator and
+    its elementwise readout) and the mini-batch anchor, written once here for every spec."""
     r, l = spec.retention, spec.learner
     mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
     readout = r.kind in ("elastic", "bregman")
     store_acc = r.kind == "elastic"
     wdims = spec.weight_dims()
+    n_w = len(wdims)
+    size = {"k": "Nk", "v": "Nv", "e": "Ne"}
     scal = {n: f"c_{n}" for n in coef_order}
-    vjp = ir.vjp(grad, {"delta1": "ct_delta1", "input1": "ct_input1"}, "memory_grad_vjp")
-    vjp_outputs = {gr_op.arg for gr_op in (vjp.node(n) for n in vjp.outputs())}
-    state = ["w"] + (["y"] if readout else []) + (["s"] if mom else []) + (["anchor"] if mb else [])
-    tile = "bh * Nv * Nk + rv[:, None] * Nk + rk[None, :]"
+    seeds = {}
+    for i in range(n_w):
+        seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
+        seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
+    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp")
+    fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
+    names = ["w"] + (["y"] if readout else []) + (["s"] if mom else []) + (["anchor"] if mb else [])
+    state = [f"{n}{i}" for i in range(n_w) for n in names]
 
-    def scratch(n, slot):  # buffer BUF_n: per program NSLOT [Dv, Dk] tiles (NCK checkpoints, then a segment)
-        return f"BUF_{n} + (bh * NSLOT + {slot}) * Nv * Nk + rv[:, None] * Nk + rk[None, :]"
+    def tile(base, i):
+        rows, cols = wdims[i]
+        return f"{base} + bh * {size[rows]} * {size[cols]} + r{rows}[:, None] * {size[cols]} + r{cols}[None, :]"
+
+    def scratch(var, slot):  # buffer BUF_<var>: per program NSLOT tiles (NCK checkpoints, then a segment)
+        rows, cols = wdims[_widx(var)]
+        return (f"BUF_{var} + (bh * NSLOT + {slot}) * {size[rows]} * {size[cols]} + r{rows}[:, None] * "
+                f"{size[cols]} + r{cols}[None, :]")
 
     def load_token():
         lines = ["q = tl.load(Q + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
@@ -303,143 +347,164 @@ def _emit_bwd(spec: S.Spec, d: Derivation, grad: ir.Graph, coef_order: list[str]
 
     def step():
         """One token forward from the state variables (updated in place); keeps the intermediates."""
-        lines = []
-        if mb:
-            lines += [f"new_chunk = (t % {mb}) == 0", "anchor = tl.where(new_chunk, w, anchor)"]
-        lines.append("w_prev = w")
-        lines.append("w_dec = c_alpha * w" if r.kind == "decay" and r.order == "pre" else "w_dec = w")
-        g_lines, g_out, _ = _graph_lines(grad, "g_", ["anchor" if mb else "w_dec"], scal,
-                                         {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+        lines = [f"new_chunk = (t % {mb}) == 0"] if mb else []
+        for i in range(n_w):
+            if mb:
+                lines.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
+            lines.append(f"w_prev{i} = w{i}")
+            lines.append(f"w_dec{i} = c_alpha * w{i}" if r.kind == "decay" and r.order == "pre" else f"w_dec{i} = w{i}")
+        at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(n_w)]
+        g_lines, g_out, _ = _graph_lines(grad, "g_", at, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
         lines += g_lines
-        lines += [f"delta1 = {g_out['delta1']}", f"input1 = {g_out['input1']}",
-                  "grad = delta1[:, None] * input1[None, :]"]
-        if mom:
-            lines += ["s_prev = s", "s = c_theta * s - c_eta * grad", "upd = s"]
-        else:
-            lines.append("upd = -c_eta * grad")
-        if readout:
-            lines.append("y_prev = y")
-            lines.append("y = c_alpha * y + upd" if r.kind == "elastic" else "y = y + upd")
-            lines += [ln.replace("y0", "y").replace("w0", "w").replace("mask0", "wmask")
-                      for ln in _readout(spec, d, 0, TritonPrinter())]
-        elif r.kind == "decay" and r.order == "post":
-            lines.append("w = c_alpha * w + upd")
-        else:
-            lines.append("w = w_dec + upd")
+        for i in range(n_w):
+            lines += [f"delta{i} = {g_out[f'delta{i + 1}']}", f"input{i} = {g_out[f'input{i + 1}']}",
+                      f"grad{i} = delta{i}[:, None] * input{i}[None, :]"]
+            if mom:
+                lines += [f"s_prev{i} = s{i}", f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
+            else:
+                lines.append(f"upd{i} = -c_eta * grad{i}")
+            if readout:
+                lines.append(f"y_prev{i} = y{i}")
+                lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.kind == "elastic" else f"y{i} = y{i} + upd{i}")
+                lines += _readout(spec, d, i, TritonPrinter())
+            elif r.kind == "decay" and r.order == "post":
+                lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
+            else:
+                lines.append(f"w{i} = w_dec{i} + upd{i}")
         return lines
 
     def reverse():
         """The reverse of step(): carried cotangents dw, dy, ds, da (after the token) -> before it."""
-        lines = ["do = tl.load(DO + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)",
-                 "dq = tl.sum(w * do[:, None], axis=0)",  # y_t = W_t q_t
-                 "dw = dw + do[:, None] * q[None, :]"]
+        lines = ["do = tl.load(DO + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
         lines += [f"dc_{n} = 0.0" for n in coef_order]
-        if readout:
-            dexpr, sym = _readout_derivative(spec, d)
-            lines += print_triton_block({"rprime": dexpr}, {sym: "y"}, prefix="_rp_")
-            lines += ["dyv = dy + rprime * dw", "dupd = dyv", "dw_dec = tl.zeros_like(dw)"]
-            if r.kind == "elastic":
-                lines += ["dc_alpha = dc_alpha + tl.sum(tl.sum(dyv * y_prev, axis=1), axis=0)", "dy = c_alpha * dyv"]
+        f_lines, f_out, _ = _graph_lines(fvjp, "fb_", [f"w{i}" for i in range(n_w)], scal,
+                                         {"x": ("q", "k"), "ct_y": ("do", "v")}, wdims)
+        lines += f_lines
+        lines.append(f"dq = {f_out['d_x']}")
+        for i in range(n_w):
+            read = _outer_sum(f_out, i)
+            if read:
+                lines.append(f"dw{i} = dw{i} + {read}")  # y_t = M_{W_t}(q_t)
+            if readout:
+                dexpr, sym = _readout_derivative(spec, d)
+                lines += print_triton_block({f"rprime{i}": dexpr}, {sym: f"y{i}"}, prefix=f"_rp{i}_")
+                lines += [f"dyv{i} = dy{i} + rprime{i} * dw{i}", f"dupd{i} = dyv{i}",
+                          f"dw_dec{i} = tl.zeros_like(dw{i})"]
+                if r.kind == "elastic":
+                    lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dyv{i} * y_prev{i}, axis=1), axis=0)",
+                              f"dy{i} = c_alpha * dyv{i}"]
+                else:
+                    lines.append(f"dy{i} = dyv{i}")
+            elif r.kind == "decay" and r.order == "post":
+                lines += [f"dupd{i} = dw{i}",
+                          f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw{i} * w_prev{i}, axis=1), axis=0)",
+                          f"dw_dec{i} = c_alpha * dw{i}"]  # W_t = α W_{t-1} + upd; the gradient read W_{t-1}
             else:
-                lines.append("dy = dyv")
-        elif r.kind == "decay" and r.order == "post":
-            lines += ["dupd = dw", "dc_alpha = dc_alpha + tl.sum(tl.sum(dw * w_prev, axis=1), axis=0)",
-                      "dw_dec = c_alpha * dw"]  # W_t = α W_{t-1} + upd: the gradient read W_{t-1} = w_dec
-        else:
-            lines += ["dupd = dw", "dw_dec = dw"]
-        if mom:
-            lines += ["dst = ds + dupd", "dc_theta = dc_theta + tl.sum(tl.sum(dst * s_prev, axis=1), axis=0)",
-                      "dc_eta = dc_eta - tl.sum(tl.sum(dst * grad, axis=1), axis=0)",
-                      "dgrad = -c_eta * dst", "ds = c_theta * dst"]
-        else:
-            lines += ["dc_eta = dc_eta - tl.sum(tl.sum(dupd * grad, axis=1), axis=0)", "dgrad = -c_eta * dupd"]
-        lines += ["ct_delta1 = tl.sum(dgrad * input1[None, :], axis=1)",
-                  "ct_input1 = tl.sum(dgrad * delta1[:, None], axis=0)"]
-        v_lines, v_out, _ = _graph_lines(vjp, "b_", ["anchor" if mb else "w_dec"], scal,
-                                         {"k": ("k", "k"), "v": ("v", "v"), "ct_delta1": ("ct_delta1", "v"),
-                                          "ct_input1": ("ct_input1", "k")}, wdims)
+                lines += [f"dupd{i} = dw{i}", f"dw_dec{i} = dw{i}"]
+            if mom:
+                lines += [f"dst{i} = ds{i} + dupd{i}",
+                          f"dc_theta = dc_theta + tl.sum(tl.sum(dst{i} * s_prev{i}, axis=1), axis=0)",
+                          f"dc_eta = dc_eta - tl.sum(tl.sum(dst{i} * grad{i}, axis=1), axis=0)",
+                          f"dgrad{i} = -c_eta * dst{i}", f"ds{i} = c_theta * dst{i}"]
+            else:
+                lines += [f"dc_eta = dc_eta - tl.sum(tl.sum(dupd{i} * grad{i}, axis=1), axis=0)",
+                          f"dgrad{i} = -c_eta * dupd{i}"]
+            lines += [f"ct_delta{i + 1} = tl.sum(dgrad{i} * input{i}[None, :], axis=1)",
+                      f"ct_input{i + 1} = tl.sum(dgrad{i} * delta{i}[:, None], axis=0)"]
+        at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(n_w)]
+        cts = {"k": ("k", "k"), "v": ("v", "v")}
+        for i, (rows, cols) in enumerate(wdims):
+            cts[f"ct_delta{i + 1}"] = (f"ct_delta{i + 1}", rows)
+            cts[f"ct_input{i + 1}"] = (f"ct_input{i + 1}", cols)
+        v_lines, v_out, _ = _graph_lines(gvjp, "b_", at, scal, cts, wdims)
         lines += v_lines
-        lines.append(f"dk = {v_out['d_k']}" if "d_k" in vjp_outputs else "dk = tl.zeros_like(k)")
-        lines.append(f"dv = {v_out['d_v']}" if "d_v" in vjp_outputs else "dv = tl.zeros_like(v)")
+        lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros_like(k)")
+        lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros_like(v)")
         for n in coef_order:
-            if f"d_{n}" in vjp_outputs:
+            if f"d_{n}" in v_out:
                 lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)
-        if "dz0" in vjp_outputs:
-            lines.append(f"dA = {v_out['dz0']}[:, None] * k[None, :]")
-            lines.append("da = da + dA" if mb else "dw_dec = dw_dec + dA")
-        if r.kind == "decay" and r.order == "pre":
-            lines += ["dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec * w_prev, axis=1), axis=0)", "dw = c_alpha * dw_dec"]
-        elif r.kind == "decay":
-            lines.append("dw = dw_dec")
-        elif readout:
-            lines.append("dw = dw_dec")  # the gradient read R(y_{t-1}); its cotangent reaches y at token t-1
-        else:
-            lines.append("dw = dw_dec")
-        if mb:
-            lines += ["dw = tl.where(new_chunk, dw + da, dw)", "da = tl.where(new_chunk, tl.zeros_like(da), da)"]
+        for i in range(n_w):
+            at_grad = _outer_sum(v_out, i)
+            if at_grad:
+                lines.append(f"da{i} = da{i} + {at_grad}" if mb else f"dw_dec{i} = dw_dec{i} + {at_grad}")
+            if r.kind == "decay" and r.order == "pre":
+                lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec{i} * w_prev{i}, axis=1), axis=0)",
+                          f"dw{i} = c_alpha * dw_dec{i}"]
+            else:  # post decay: already scaled; readouts: the read of R(y_{t-1}) reaches y at token t-1
+                lines.append(f"dw{i} = dw_dec{i}")
+            if mb:
+                lines += [f"dw{i} = tl.where(new_chunk, dw{i} + da{i}, dw{i})",
+                          f"da{i} = tl.where(new_chunk, tl.zeros_like(da{i}), da{i})"]
         lines += ["tl.store(DQ + (bh * T + t) * Nk + rk, dq, mask=mk)",
                   "tl.store(DK + (bh * T + t) * Nk + rk, dk, mask=mk)",
                   "tl.store(DV + (bh * T + t) * Nv + rv, dv, mask=mv)"]
         lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
         return lines
 
-    init = ["bh = tl.program_id(0)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "mk = rk < Nk",
-            "mv = rv < Nv", "wmask = mv[:, None] & mk[None, :]",
-            f"w = tl.load(W_in + {tile}, mask=wmask, other=0.0).to(tl.float32)"]
-    if store_acc:
-        init.append(f"y = tl.load(Y_in + {tile}, mask=wmask, other=0.0).to(tl.float32)")
-    elif r.kind == "bregman":
-        init += print_triton_block({"y": d.phi_prime}, {sp.Symbol("w", real=True): "w"}, prefix="_y_")
-        init.append("y = tl.where(wmask, y, 0.0)")
-    if mom:
-        init.append(f"s = tl.load(S_in + {tile}, mask=wmask, other=0.0).to(tl.float32)")
-    if mb:
-        init.append("anchor = w")
+    init = ["bh = tl.program_id(0)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
+            "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
+    for i, (rows, cols) in enumerate(wdims):
+        init.append(f"mask{i} = m{rows}[:, None] & m{cols}[None, :]")
+        init.append(f"w{i} = tl.load({tile('W' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if store_acc:
+            init.append(f"y{i} = tl.load({tile('Y' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        elif r.kind == "bregman":
+            init += print_triton_block({f"y{i}": d.phi_prime}, {sp.Symbol("w", real=True): f"w{i}"}, prefix=f"_y{i}_")
+            init.append(f"y{i} = tl.where(mask{i}, y{i}, 0.0)")
+        if mom:
+            init.append(f"s{i} = tl.load({tile('S' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if mb:
+            init.append(f"anchor{i} = w{i}")
     body = list(init)
     # pass 1: forward, checkpointing the state at each segment start
     body.append("for t in range(T):")
     body.append(f"    if t % {seg} == 0:")
-    body += [f"        tl.store({scratch(n, f't // {seg}')}, {n}, mask=wmask)" for n in state]
+    body += [f"        tl.store({scratch(n, f't // {seg}')}, {n}, mask=mask{_widx(n)})" for n in state]
     body += ["    " + ln for ln in load_token() + step()]
     # pass 2: segments in reverse
-    body += [f"dw = tl.load(DW_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)"]
-    if readout:
-        body.append(f"dy = tl.load(DY_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)" if store_acc
-                    else "dy = tl.zeros_like(dw)")
-    if mom:
-        body.append(f"ds = tl.load(DS_fin + {tile}, mask=wmask, other=0.0).to(tl.float32)")
-    if mb:
-        body.append("da = tl.zeros_like(dw)")
+    for i in range(n_w):
+        body.append(f"dw{i} = tl.load({tile(f'DW{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if readout:
+            body.append(f"dy{i} = tl.load({tile(f'DY{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)"
+                        if store_acc else f"dy{i} = tl.zeros_like(dw{i})")
+        if mom:
+            body.append(f"ds{i} = tl.load({tile(f'DS{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if mb:
+            body.append(f"da{i} = tl.zeros_like(dw{i})")
     body += [f"for sg in range(0, tl.cdiv(T, {seg})):",
              f"    g0 = (tl.cdiv(T, {seg}) - 1 - sg) * {seg}",
              f"    n_tok = tl.minimum({seg}, T - g0)"]
-    body += [f"    {n} = tl.load({scratch(n, f'g0 // {seg}')}, mask=wmask, other=0.0)" for n in state]
+    body += [f"    {n} = tl.load({scratch(n, f'g0 // {seg}')}, mask=mask{_widx(n)}, other=0.0)" for n in state]
     body += ["    for j in range(0, n_tok):", "        t = g0 + j"]
-    body += [f"        tl.store({scratch(n, 'NCK + j')}, {n}, mask=wmask)" for n in state]
+    body += [f"        tl.store({scratch(n, 'NCK + j')}, {n}, mask=mask{_widx(n)})" for n in state]
     body += ["        " + ln for ln in load_token() + step()]
     body += ["    tl.debug_barrier()", "    for jj in range(0, n_tok):", "        j = n_tok - 1 - jj",
              "        t = g0 + j"]
-    body += [f"        {n} = tl.load({scratch(n, 'NCK + j')}, mask=wmask, other=0.0)" for n in state]
+    body += [f"        {n} = tl.load({scratch(n, 'NCK + j')}, mask=mask{_widx(n)}, other=0.0)" for n in state]
     body += ["        " + ln for ln in load_token() + step() + reverse()]
     # cotangents of the initial state
-    if r.kind == "bregman":
-        w0 = "tl.load(W_in + " + tile + ", mask=wmask, other=0.0).to(tl.float32)"
-        phi2 = ir._clean_derivative(sp.diff(d.phi_prime, sp.Symbol("w", real=True)))
-        body += [f"w_init = {w0}"] + print_triton_block({"phi2": phi2}, {sp.Symbol("w", real=True): "w_init"},
-                                                        prefix="_p2_")
-        body.append("dw = dw + tl.where(wmask, phi2 * dy, 0.0)")
-    body.append(f"tl.store(DW_in + {tile}, dw, mask=wmask)")
-    if store_acc:
-        body.append(f"tl.store(DY_in + {tile}, dy, mask=wmask)")
-    if mom:
-        body.append(f"tl.store(DS_in + {tile}, ds, mask=wmask)")
-    ptrs = ["Q", "K", "V", "C", "DO", "W_in", "DW_fin", "DW_in"]
-    if store_acc:
-        ptrs += ["Y_in", "DY_fin", "DY_in"]
-    if mom:
-        ptrs += ["S_in", "DS_fin", "DS_in"]
+    for i in range(n_w):
+        if r.kind == "bregman":
+            wsym = sp.Symbol("w", real=True)
+            body.append(f"w_init{i} = tl.load({tile(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+            body += print_triton_block({f"phi2_{i}": ir._clean_derivative(sp.diff(d.phi_prime, wsym))},
+                                       {wsym: f"w_init{i}"}, prefix=f"_p2{i}_")
+            body.append(f"dw{i} = dw{i} + tl.where(mask{i}, phi2_{i} * dy{i}, 0.0)")
+        body.append(f"tl.store({tile(f'DW{i}_in', i)}, dw{i}, mask=mask{i})")
+        if store_acc:
+            body.append(f"tl.store({tile(f'DY{i}_in', i)}, dy{i}, mask=mask{i})")
+        if mom:
+            body.append(f"tl.store({tile(f'DS{i}_in', i)}, ds{i}, mask=mask{i})")
+    ptrs = ["Q", "K", "V", "C", "DO"]
+    for i in range(n_w):  # in the order of the state keys: W, A_W, S_W per weight
+        ptrs += [f"W{i}_in", f"DW{i}_fin", f"DW{i}_in"]
+        if store_acc:
+            ptrs += [f"Y{i}_in", f"DY{i}_fin", f"DY{i}_in"]
+        if mom:
+            ptrs += [f"S{i}_in", f"DS{i}_fin", f"DS{i}_in"]
     ptrs += [f"BUF_{n}" for n in state] + ["DQ", "DK", "DV", "DC"]
-    sig = ", ".join(ptrs) + ", T, Nk, Nv, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr"
+    sig = (", ".join(ptrs) + ", T, Nk, Nv, Ne, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
+           "BE: tl.constexpr")
     return ("    @triton.jit\n    def _fused_recurrent_bwd(" + sig + "):  # noqa: C901\n"
             + "\n".join("        " + line for line in body) + "\n"), state
 
@@ -482,6 +547,7 @@ _MOMENTUM = {{MOMENTUM}}
 # The backward kernel's per-token state (empty: the backward recomputes the torch recurrence, because
 # {{BWD_REASON}}) and its checkpoint interval (a schedule choice).
 _BWD_STATE = {{BWD_STATE}}
+_BWD_STATE_WEIGHT = {{BWD_STATE_WEIGHT}}  # which weight each of those tiles belongs to
 _BWD_SEGMENT = {{BWD_SEGMENT}}
 
 if triton is not None:
@@ -521,21 +587,22 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
     """The generated reverse sweep: gradients of q, k, v, every coefficient and the initial state."""
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
+    Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1
     f32 = dict(dtype=torch.float32, device=q.device)
-    keys = _state_keys()
-    do = grads_out[0] if grads_out[0] is not None else torch.zeros(B, H, T, Dv, **f32)
-    dfinal = [g if g is not None else torch.zeros_like(s, dtype=torch.float32) for g, s in zip(grads_out[1:], state)]
+    do = grads_out[0]
     coef = torch.stack([c.float() for c in coefs], dim=-1).contiguous()
     args = [q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), coef, do.float().contiguous()]
-    d_init = [torch.empty(B, H, Dv, Dk, **f32) for _ in keys]
-    for key, s, g, out in zip(keys, state, dfinal, d_init):
+    d_init = [torch.empty(s.shape, **f32) for s in state]
+    for s, g, out in zip(state, grads_out[1:], d_init):
         args += [s.float().contiguous(), g.float().contiguous(), out]
     n_ck = triton.cdiv(T, _BWD_SEGMENT)
-    args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, Dv, Dk, **f32) for _ in _BWD_STATE]
+    shapes = _weight_shapes(Dk, Dv)
+    args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, *shapes[i], **f32) for i in _BWD_STATE_WEIGHT]
     dq, dk = torch.empty(B, H, T, Dk, **f32), torch.empty(B, H, T, Dk, **f32)
     dv, dc = torch.empty(B, H, T, Dv, **f32), torch.empty(B, H, T, len(_COEF_ORDER), **f32)
-    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, T, Dk, Dv, n_ck, n_ck + _BWD_SEGMENT,
-                                   NC=len(_COEF_ORDER), BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv))
+    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT,
+                                   NC=len(_COEF_ORDER), BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv),
+                                   BE=triton.next_power_of_2(Ne))
     dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
 
