@@ -7,8 +7,10 @@ the `memory_grad` graph printed as matrix-vector code, the learner and retention
 updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
 Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks.
 
-Backward of the recurrent kernel: not a Triton kernel yet. The autograd wrapper recomputes the torch
-recurrence and differentiates it, so gradients are exact but the backward runs at torch speed.
+Backward of the recurrent kernel (`_emit_bwd`): a generated reverse sweep with state checkpoints every
+BWD_SEGMENT tokens. The reverse of the read and of the gradient factors comes from `ir.vjp` (reverse mode
+on the IR graphs, SymPy derivatives printed by TritonPrinter); the learner, retention and anchor are
+reversed once in the skeleton. lq/kl retentions (whole-matrix readouts) keep the torch recompute.
 
 Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Triton: linear memories whose
 update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
