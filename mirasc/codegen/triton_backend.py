@@ -531,11 +531,11 @@ def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]
 SECTION = '''
 
 # ----------------------------------------------------------------------------------------------
-# Triton: fused recurrent forward kernel, printed from the IR (one program per (batch, head); the
-# memory lives in registers; tokens are walked in order). backend="triton" uses it for the forward;
-# the backward recomputes the torch recurrence (exact gradients, torch speed); a registered custom op,
-# so torch.compile keeps it in one graph. Runs on the CPU under
-# TRITON_INTERPRET=1 (set before triton is imported).
+# Triton: fused recurrent kernels, printed from the IR (one program per (batch, head); the memory
+# lives in registers; tokens are walked in order). The backward is a generated reverse sweep over
+# checkpointed segments (_fused_recurrent_bwd) where _BWD_STATE is non-empty, else it recomputes the
+# torch recurrence. Registered custom ops, so torch.compile keeps them in one graph. Runs on the CPU
+# under TRITON_INTERPRET=1 (set before triton is imported).
 # ----------------------------------------------------------------------------------------------
 try:
     import triton
