@@ -10,7 +10,7 @@ Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks.
 Backward of the recurrent kernel (`_emit_bwd`): a generated reverse sweep with state checkpoints every
 BWD_SEGMENT tokens. The reverse of the read and of the gradient factors comes from `ir.vjp` (reverse mode
 on the IR graphs, SymPy derivatives printed by TritonPrinter); the learner, retention and anchor are
-reversed once in the skeleton. lq/kl retentions (whole-matrix readouts) keep the torch recompute.
+reversed once in the skeleton (incl. the whole-matrix lq and row-softmax kl readouts).
 
 Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Triton: linear memories whose
 update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
@@ -274,9 +274,8 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
 
 
 def backward_unsupported(spec: S.Spec) -> str | None:
-    """Why the recurrent kernel's backward is not a Triton kernel for this spec (None: it is)."""
-    if spec.retention.kind in ("lq", "kl"):
-        return f"{spec.retention.kind} retention (its readout couples the whole matrix)"
+    """Why the recurrent kernel's backward is not a Triton kernel for this spec (None: it is).
+    Every parametric spec has one today; a derivation the IR cannot reverse raises ir.NoVJP instead."""
     return None
 
 
@@ -316,8 +315,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     its elementwise readout) and the mini-batch anchor, written once here for every spec."""
     r, l = spec.retention, spec.learner
     mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
-    readout = r.kind in ("elastic", "bregman")
-    store_acc = r.kind == "elastic"
+    readout = r.kind in ("elastic", "bregman", "lq", "kl")
+    store_acc = r.kind in ("elastic", "lq")
     wdims = spec.weight_dims()
     n_w = len(wdims)
     size = {"k": "Nk", "v": "Nv", "e": "Ne"}
@@ -367,7 +366,7 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                 lines.append(f"upd{i} = -c_eta * grad{i}")
             if readout:
                 lines.append(f"y_prev{i} = y{i}")
-                lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.kind == "elastic" else f"y{i} = y{i} + upd{i}")
+                lines.append(f"y{i} = y{i} + upd{i}" if r.kind == "bregman" else f"y{i} = c_alpha * y{i} + upd{i}")
                 lines += _readout(spec, d, i, TritonPrinter())
             elif r.kind == "decay" and r.order == "post":
                 lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
@@ -388,11 +387,26 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             if read:
                 lines.append(f"dw{i} = dw{i} + {read}")  # y_t = M_{W_t}(q_t)
             if readout:
-                dexpr, sym = _readout_derivative(spec, d)
-                lines += print_triton_block({f"rprime{i}": dexpr}, {sym: f"y{i}"}, prefix=f"_rp{i}_")
-                lines += [f"dyv{i} = dy{i} + rprime{i} * dw{i}", f"dupd{i} = dyv{i}",
-                          f"dw_dec{i} = tl.zeros_like(dw{i})"]
-                if r.kind == "elastic":
+                if r.kind == "lq":
+                    # W = c Y with c = ‖Y‖_q^{-(q-2)}: dY = c dW - (q-2) c ‖Y‖_q^{-q} ⟨dW, Y⟩ sign(Y)|Y|^{q-1}
+                    qq = float(r.q)
+                    lines += [f"cq{i} = tl.exp(-{qq - 2!r} * tl.log(nrm{i}))",
+                              f"ip{i} = tl.sum(tl.sum(dw{i} * y{i}, axis=1), axis=0)",
+                              f"sp{i} = tl.where(mask{i}, tl.where(y{i} < 0, -1.0, 1.0) * "
+                              f"tl.exp({qq - 1!r} * tl.log(tl.where(mask{i}, tl.abs(y{i}), 1.0))), 0.0)",
+                              f"dyv{i} = dy{i} + cq{i} * dw{i} - {qq - 2!r} * cq{i} * tl.exp(-{qq!r} * tl.log(nrm{i})) "
+                              f"* ip{i} * sp{i}"]
+                elif r.kind == "kl":  # W = c softmax_row(Y): dY = c S ∘ (dW - rowsum(dW ∘ S))
+                    cc = float(r.c)
+                    lines += [f"sm{i} = tl.where(mask{i}, w{i} / {cc!r}, 0.0)",
+                              f"rs{i} = tl.sum(dw{i} * sm{i}, axis=1)",
+                              f"dyv{i} = dy{i} + {cc!r} * sm{i} * (dw{i} - rs{i}[:, None])"]
+                else:  # elementwise readouts: R'(y)
+                    dexpr, sym = _readout_derivative(spec, d)
+                    lines += print_triton_block({f"rprime{i}": dexpr}, {sym: f"y{i}"}, prefix=f"_rp{i}_")
+                    lines.append(f"dyv{i} = dy{i} + rprime{i} * dw{i}")
+                lines += [f"dupd{i} = dyv{i}", f"dw_dec{i} = tl.zeros_like(dw{i})"]
+                if r.kind != "bregman":
                     lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dyv{i} * y_prev{i}, axis=1), axis=0)",
                               f"dy{i} = c_alpha * dyv{i}"]
                 else:
@@ -453,6 +467,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         elif r.kind == "bregman":
             init += print_triton_block({f"y{i}": d.phi_prime}, {sp.Symbol("w", real=True): f"w{i}"}, prefix=f"_y{i}_")
             init.append(f"y{i} = tl.where(mask{i}, y{i}, 0.0)")
+        elif r.kind == "kl":
+            init.append(f"y{i} = tl.where(mask{i}, tl.log(tl.where(mask{i}, w{i}, 1.0) / {float(r.c)!r}), 0.0)")
         if mom:
             init.append(f"s{i} = tl.load({tile('S' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
         if mb:
@@ -492,6 +508,9 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             body += print_triton_block({f"phi2_{i}": ir._clean_derivative(sp.diff(d.phi_prime, wsym))},
                                        {wsym: f"w_init{i}"}, prefix=f"_p2{i}_")
             body.append(f"dw{i} = dw{i} + tl.where(mask{i}, phi2_{i} * dy{i}, 0.0)")
+        elif r.kind == "kl":  # y_0 = log(W_0 / c)
+            body.append(f"w_init{i} = tl.load({tile(f'W{i}_in', i)}, mask=mask{i}, other=1.0).to(tl.float32)")
+            body.append(f"dw{i} = dw{i} + tl.where(mask{i}, dy{i} / w_init{i}, 0.0)")
         body.append(f"tl.store({tile(f'DW{i}_in', i)}, dw{i}, mask=mask{i})")
         if store_acc:
             body.append(f"tl.store({tile(f'DY{i}_in', i)}, dy{i}, mask=mask{i})")
