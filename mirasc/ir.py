@@ -397,7 +397,6 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
         cts.setdefault(by_name[name], []).append(c)
     for o in gr.outputs():
         out.g.remove_node(o)
-    g_sym = sp.Symbol("g", real=True)
 
     def is_vec(n: int) -> bool:  # for nodes made here, by the same rule as _vector_valued
         if n not in vec:
