@@ -237,10 +237,16 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
-    return docstring(spec, d, kind, reason) + "\n" + body + triton_section + layer_source(spec, d)
+    if not triton_section:
+        triton_line = f"Triton: none ({no_triton})."
+    else:
+        triton_line = ("Triton (backend='triton'): a fused recurrent kernel printed from the IR, with a generated "
+                       "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
+                                                   if family else "") + ".")
+    return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
 
 
-def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> str:
+def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, triton_line: str = "") -> str:
     eqs = "\n".join("    " + line for line in equations(spec, d))
     algos = {"minibatch": "chunked = mini-batch dual form (prefix sums of rank-1 updates, masked matmuls)",
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
@@ -249,6 +255,7 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str) -> s
     return (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
             f"Spec:\n\n{spec_text}\n\nDerived update rule, per (batch, head), for t = 1..T:\n\n{eqs}\n\n"
             f"Algorithms: recurrent = the token loop above (reference); {algos}.\n"
+            + (f"{triton_line}\n" if triton_line else "") +
             "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv].\n"
             '"""\n').replace("\\", "\\\\")
 
