@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_triton_recurrent import assert_compiled_matches_eager, rel
 
 import mirasc
 
@@ -29,10 +30,6 @@ VARIANTS = {
     "minibatch_decay": "memory = linear\nbias = l2\nretention = decay(alpha=gate)\nlearner = gd(lr=gate)\n"
                        "parallel = minibatch(16)",
 }
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
@@ -127,15 +124,7 @@ def test_chunk_op_compiles_without_graph_breaks():
         o, final = mod.apply(q, k, v, gates, state=state, backend="triton", chunk_size=16)
         return o, final["W"]
 
-    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
-    o, w = compiled(q, k, v, gates, state)
-    ref_o, ref_w = run(q, k, v, gates, state)
-    assert rel(o, ref_o) < 1e-6 and rel(w, ref_w) < 1e-6
-    leaves = (q, k, v, *gates.values())
-    grads = torch.autograd.grad(o.sum() + w.sum(), leaves)
-    ref_grads = torch.autograd.grad(ref_o.sum() + ref_w.sum(), leaves)
-    for a, b in zip(grads, ref_grads):
-        assert rel(a, b) < 1e-5
+    assert_compiled_matches_eager(run, q, k, v, gates, state)
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "retnet", "ttt_linear"])

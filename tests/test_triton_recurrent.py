@@ -89,6 +89,12 @@ def test_recurrent_op_compiles_without_graph_breaks():
         o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
         return o, final["W"]
 
+    assert_compiled_matches_eager(run, q, k, v, gates, state)
+
+
+def assert_compiled_matches_eager(run, q, k, v, gates, state):
+    """torch.compile(fullgraph=True) of run(...) -> (o, W): same outputs and same gradients of q, k, v
+    and the gates as the eager call (a graph break would raise under fullgraph=True)."""
     compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
     o, w = compiled(q, k, v, gates, state)
     ref_o, ref_w = run(q, k, v, gates, state)

@@ -258,25 +258,18 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
               + "\n".join("        " + line for line in body) + "\n")
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     bwd_state: list[str] = []
-    why_not = backward_unsupported(spec)
-    if why_not is None:
-        try:
-            bwd_kernel, bwd_state = _emit_bwd(spec, d, forward, grad, coef_order, BWD_SEGMENT)
-            kernel += "\n" + bwd_kernel
-        except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
-            why_not = str(err)
+    why_not = ""
+    try:
+        bwd_kernel, bwd_state = _emit_bwd(spec, d, forward, grad, coef_order, BWD_SEGMENT)
+        kernel += "\n" + bwd_kernel
+    except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
+        why_not = str(err)
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
         .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id) \
         .replace("{{BWD_STATE}}", repr(tuple(bwd_state))) \
         .replace("{{BWD_STATE_WEIGHT}}", repr(tuple(_widx(n) for n in bwd_state))) \
         .replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
-        .replace("{{BWD_REASON}}", why_not or "")
-
-
-def backward_unsupported(spec: S.Spec) -> str | None:
-    """Why the recurrent kernel's backward is not a Triton kernel for this spec (None: it is).
-    Every parametric spec has one today; a derivation the IR cannot reverse raises ir.NoVJP instead."""
-    return None
+        .replace("{{BWD_REASON}}", why_not)
 
 
 def _readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
