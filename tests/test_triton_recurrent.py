@@ -70,8 +70,8 @@ def test_triton_recurrent_fp16_inputs(name):
 
 
 def test_triton_chunked_is_refused_plainly():
-    """MLP memories have no chunked Triton kernel yet: asking for one is an error, not a silent fallback."""
-    mod = mirasc.compile_spec(SPECS[0].parent / "titans.miras")
+    """lq retention has no chunked Triton kernel: asking for one is an error, not a silent fallback."""
+    mod = mirasc.compile_spec(SPECS[0].parent / "moneta.miras")
     q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
     with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
         mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")

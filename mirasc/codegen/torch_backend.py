@@ -13,7 +13,7 @@ from .. import derive as D
 from .. import ir
 from .. import spec as S
 from ..explain import equations
-from . import triton_backend
+from . import triton_backend, triton_minibatch
 from .printers import print_block
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
@@ -231,6 +231,10 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     flags["triton_chunked"] = family is not None
     if family is not None:
         triton_section += triton_backend.emit_chunked(spec, family, preprocess)
+    minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(spec) is None
+    flags["triton_minibatch"] = minibatch
+    if minibatch:
+        triton_section += triton_minibatch.emit_minibatch(spec, d, forward, grad, coef_order, preprocess)
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
@@ -242,7 +246,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     else:
         triton_line = ("Triton (backend='triton'): a fused recurrent kernel printed from the IR, with a generated "
                        "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
-                                                   if family else "") + ".")
+                                                   if family else "")
+                       + ("; mini-batch dual-form kernels, forward and backward" if minibatch else "") + ".")
     return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
 
 

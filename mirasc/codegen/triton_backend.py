@@ -40,10 +40,26 @@ class Unsupported(Exception):
 BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
 
 
+BLOCK = {"k": "BK", "v": "BV", "e": "BE"}  # the block (padded size) of each dimension name
+
+
 def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
-                 dims_of_weight: list[tuple[str, str]]) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """Print an IR graph as straight-line Triton code on 1-D tiles. Returns (lines, outputs, dims)."""
+                 dims_of_weight: list[tuple[str, str]],
+                 matmul=None) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Print an IR graph as straight-line Triton code. Returns (lines, outputs, dims).
+
+    Without `matmul`: one token, vectors are 1-D tiles and per-token scalars are scalars. With
+    `matmul(op, i, weight, h)` (a Triton expression for layer/linear/linear_t on weight i): a block of
+    BC tokens, vectors are [BC, n] tiles, per-token scalars [BC, 1], reductions run along axis 1."""
+    tile = matmul is not None
     names, dims, lines, outputs = {}, {}, [], {}
+
+    def red(x):  # a reduction over a vector's lanes
+        return f"tl.sum({x}, axis=1)[:, None]" if tile else f"tl.sum({x}, axis=0)"
+
+    def lanes(n):  # the mask of a dimension's real (unpadded) lanes
+        return f"m{n}[None, :]" if tile else f"m{n}"
+
     for nid in gr.order():
         op, srcs = gr.node(nid), gr.srcs(nid)
         a = [names[s] for s in srcs]
@@ -63,58 +79,61 @@ def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[st
             continue
         if op.op in ("linear", "layer"):
             w, h = (weights[op.arg], a[0]) if op.op == "layer" else (a[0], a[1])
-            lines.append(f"{var} = tl.sum({w} * {h}[None, :], axis=1)")
+            lines.append(f"{var} = {matmul(op.op, op.arg, w, h)}" if tile else
+                         f"{var} = tl.sum({w} * {h}[None, :], axis=1)")
             dims[nid] = dims_of_weight[op.arg][0]
         elif op.op == "linear_t":
-            lines.append(f"{var} = tl.sum({a[0]} * {a[1]}[:, None], axis=0)")
+            lines.append(f"{var} = {matmul(op.op, op.arg, a[0], a[1])}" if tile else
+                         f"{var} = tl.sum({a[0]} * {a[1]}[:, None], axis=0)")
             dims[nid] = dims_of_weight[op.arg][1]
         elif op.op == "ew":
             expr, syms = op.arg
             tensor_dims = [d for d in da if d != "s"]
             dim = tensor_dims[0] if tensor_dims else "v"
             if not srcs:
-                lines.append(f"{var} = tl.where(m{dim}, {float(expr)!r}, 0.0)")
+                full = f"tl.full([BC, {BLOCK[dim]}], {float(expr)!r}, tl.float32)" if tile else repr(float(expr))
+                lines.append(f"{var} = tl.where({lanes(dim)}, {full}, 0.0)")
             else:
                 lines += print_triton_block({var: expr}, dict(zip(syms, a)), prefix=f"_{var}_")
                 if tensor_dims:  # keep padded lanes at zero
-                    lines.append(f"{var} = tl.where(m{dim}, {var}, 0.0)")
+                    lines.append(f"{var} = tl.where({lanes(dim)}, {var}, 0.0)")
             dims[nid] = dim
         elif op.op == "rownorm":
-            lines.append(f"{var} = tl.sqrt(tl.sum({a[0]} * {a[0]}, axis=0))")
+            lines.append(f"{var} = tl.sqrt({red(f'{a[0]} * {a[0]}')})")
             dims[nid] = "s"
         elif op.op == "rowsumsq":
-            lines.append(f"{var} = tl.sum({a[0]} * {a[0]}, axis=0)")
+            lines.append(f"{var} = {red(f'{a[0]} * {a[0]}')}")
             dims[nid] = "s"
         elif op.op == "rowsum":
-            lines.append(f"{var} = tl.sum({a[0]}, axis=0)")
+            lines.append(f"{var} = {red(a[0])}")
             dims[nid] = "s"
         elif op.op == "layernorm":
             n = da[0]
-            lines += [f"{var}_c = tl.where(m{n}, {a[0]} - tl.sum({a[0]}, axis=0) / N{n}, 0.0)",
-                      f"{var} = {var}_c * tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)"]
+            lines += [f"{var}_c = tl.where({lanes(n)}, {a[0]} - {red(a[0])} / N{n}, 0.0)",
+                      f"{var} = {var}_c * tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)"]
             dims[nid] = n
         elif op.op == "layernorm_bwd2":  # ∂/∂z ⟨g, LN'(z)ᵀ dy⟩, with c = z - mean z, r = rstd, a = dy - mean dy
             n = da[0]
             z, dy, g = a
-            lines += [f"{var}_c = tl.where(m{n}, {z} - tl.sum({z}, axis=0) / N{n}, 0.0)",
-                      f"{var}_r = tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)",
-                      f"{var}_a = tl.where(m{n}, {dy} - tl.sum({dy}, axis=0) / N{n}, 0.0)",
-                      f"{var}_mac = tl.sum({var}_a * {var}_c, axis=0) / N{n}",
-                      f"{var}_ga = tl.sum({g} * {var}_a, axis=0)",
-                      f"{var}_gc = tl.sum({g} * {var}_c, axis=0)",
+            lines += [f"{var}_c = tl.where({lanes(n)}, {z} - {red(z)} / N{n}, 0.0)",
+                      f"{var}_r = tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)",
+                      f"{var}_a = tl.where({lanes(n)}, {dy} - {red(dy)} / N{n}, 0.0)",
+                      f"{var}_mac = {red(f'{var}_a * {var}_c')} / N{n}",
+                      f"{var}_ga = {red(f'{g} * {var}_a')}",
+                      f"{var}_gc = {red(f'{g} * {var}_c')}",
                       f"{var}_r3 = {var}_r * {var}_r * {var}_r",
                       f"{var}_x = {var}_r3 * ((3.0 * {var}_r * {var}_r * {var}_mac * {var}_gc - {var}_ga) * {var}_c "
                       f"/ N{n} - {var}_gc * {var}_a / N{n} - {var}_mac * {g})",
-                      f"{var}_x = tl.where(m{n}, {var}_x, 0.0)",
-                      f"{var} = tl.where(m{n}, {var}_x - tl.sum({var}_x, axis=0) / N{n}, 0.0)"]
+                      f"{var}_x = tl.where({lanes(n)}, {var}_x, 0.0)",
+                      f"{var} = tl.where({lanes(n)}, {var}_x - {red(f'{var}_x')} / N{n}, 0.0)"]
             dims[nid] = n
         elif op.op == "layernorm_bwd":
             n = da[0]
-            lines += [f"{var}_c = tl.where(m{n}, {a[0]} - tl.sum({a[0]}, axis=0) / N{n}, 0.0)",
-                      f"{var}_r = tl.rsqrt(tl.sum({var}_c * {var}_c, axis=0) / N{n} + 1e-5)",
+            lines += [f"{var}_c = tl.where({lanes(n)}, {a[0]} - {red(a[0])} / N{n}, 0.0)",
+                      f"{var}_r = tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)",
                       f"{var}_h = {var}_c * {var}_r",
-                      f"{var} = tl.where(m{n}, {var}_r * ({a[1]} - tl.sum({a[1]}, axis=0) / N{n} - {var}_h * "
-                      f"tl.sum({a[1]} * {var}_h, axis=0) / N{n}), 0.0)"]
+                      f"{var} = tl.where({lanes(n)}, {var}_r * ({a[1]} - {red(a[1])} / N{n} - {var}_h * "
+                      f"{red(f'{a[1]} * {var}_h')} / N{n}), 0.0)"]
             dims[nid] = n
         else:
             raise Unsupported(f"no Triton printer for IR op {op.op}")

@@ -1,0 +1,266 @@
+"""Mini-batch (dual-form) Triton kernels, forward and backward, printed from the IR (issue 3, part 3).
+
+For `parallel=minibatch(C)` every gradient in a chunk of C tokens is taken at the chunk's anchor
+state W_0 (and S_0, the momentum), so with identity readout (retention none or decay; learner gd
+or momentum) each weight is, at token t of the chunk,
+
+    W_t = γ_t W_0 + b_t S_0 + Σ_{r<=t} K[t, r] δ_r x_rᵀ                                         (1)
+
+with (δ_r, x_r) the gradient factors of token r at W_0 (the `memory_grad` graph on a [C, n] tile:
+the MLP on C keys, the bias derivative, LayerNorm and activation backward, as matmuls) and γ, b, K
+from the decay and momentum segment products (a chunk-local, differentiable torch preparation). A
+matmul of the read with the per-token weights (1) is then a sum of three matmuls:
+
+    layer_i(H)     = γ ∘ H W_0ᵀ + b ∘ H S_0ᵀ + (K ∘ H Xᵀ) Δ                                     (2)
+    linear_t_i(G)  = γ ∘ G W_0  + b ∘ G S_0  + (K ∘ G Δᵀ) X
+
+so the `memory_forward` graph prints as the chunk's outputs with (2) for each weight. The chunk end
+is (1) at the chunk's last token. The backward walks the chunks in reverse from checkpoints of W_0
+and S_0 (O(T/C · state) memory): the reverse-mode graph of the read (`ir.vjp(memory_forward)`,
+printed with (2)) gives dq and, per weight, pairs (L, R) with ∂ℓ/∂W_t = L_t R_tᵀ; those flow through
+(1) into W_0, S_0, Δ, X, K, γ and b; then `ir.vjp(memory_grad)` carries dΔ and dX back to k, v,
+the bias's gates and W_0. Torch autograd carries dK, dγ, db through the preparation into η, α, θ.
+
+Schedule: one program per (batch, head) holds every weight as one tile (no tiling of the hidden
+width), chunk length = C (a power of two >= 16: one tl.dot block). This fits on-chip for the head
+sizes the interpreter tests and for small heads on a GPU; tiling the hidden width E for D = 128,
+E = 512 memories is future work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .. import ir
+from .. import spec as S
+from ..derive import Derivation
+from .triton_backend import BLOCK, Unsupported, _graph_lines
+
+TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
+SIZE = {"k": "Nk", "v": "Nv", "e": "Ne"}
+
+
+def minibatch_reason(spec: S.Spec) -> str | None:
+    """Why the mini-batch kernels do not compute this spec (None: they do)."""
+    r, l = spec.retention, spec.learner
+    if spec.parallel.kind != "minibatch":
+        return "the spec is not parallel=minibatch(C)"
+    if r.kind not in ("none", "decay"):
+        return (f"{r.kind} retention reads the memory through a nonlinear map of its accumulator, so the "
+                "per-token weights of a chunk are not a sum of rank-1 matmuls")
+    if l.kind not in ("gd", "momentum"):
+        return f"the {l.kind} learner"
+    return None
+
+
+def _dot(a: str, b: str) -> str:
+    return f"tl.dot({a}, {b}, input_precision=PREC)"
+
+
+def _tr(a: str) -> str:
+    return f"tl.trans({a})"
+
+
+def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                   preprocess) -> str:
+    """Source of the mini-batch Triton section (both kernels and their torch glue)."""
+    reason = minibatch_reason(spec)
+    if reason:
+        raise Unsupported(reason)
+    mom = spec.learner.kind == "momentum"
+    wdims = spec.weight_dims()
+    n_w = len(wdims)
+    scal = {n: f"c_{n}" for n in coef_order}
+
+    def plain(op, i, w, h):  # a matmul on the anchor weights
+        return _dot(h, _tr(w)) if op in ("layer", "linear") else _dot(h, w)
+
+    def dual(op, i, w, h):  # a matmul on each token's own weights, (2)
+        if op in ("layer", "linear"):
+            terms = [f"gam * {_dot(h, _tr(f'w{i}'))}"] + ([f"bm * {_dot(h, _tr(f's{i}'))}"] if mom else [])
+            terms.append(_dot(f"kmat * {_dot(h, _tr(f'x{i}'))}", f"dl{i}"))
+        else:
+            terms = [f"gam * {_dot(h, f'w{i}')}"] + ([f"bm * {_dot(h, f's{i}')}"] if mom else [])
+            terms.append(_dot(f"kmat * {_dot(h, _tr(f'dl{i}'))}", f"x{i}"))
+        return " + ".join(terms)
+
+    W = [f"w{i}" for i in range(n_w)]
+    tokens = {"k": ("k", "k"), "v": ("v", "v")}
+
+    def tile(base, i, slot=None):
+        rows, cols = wdims[i]
+        at = "bh" if slot is None else f"(bh * (NCH + 1) + {slot})"
+        return f"{base} + {at} * {SIZE[rows]} * {SIZE[cols]} + r{rows}[:, None] * {SIZE[cols]} + r{cols}[None, :]"
+
+    def prologue():
+        lines = ["bh = tl.program_id(0)", "rc = tl.arange(0, BC)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)",
+                 "re = tl.arange(0, BE)", "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
+        lines += [f"mask{i} = m{rows}[:, None] & m{cols}[None, :]" for i, (rows, cols) in enumerate(wdims)]
+        return lines
+
+    def load_chunk():
+        lines = ["tok = ci * BC + rc",
+                 "q = tl.load(Q + (bh * T + tok[:, None]) * Nk + rk[None, :], mask=mk[None, :], other=0.0)",
+                 "k = tl.load(K + (bh * T + tok[:, None]) * Nk + rk[None, :], mask=mk[None, :], other=0.0)",
+                 "v = tl.load(V + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)",
+                 "kmat = tl.load(KMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :])",
+                 "gam = tl.load(GAM + bh * T + tok)[:, None]",
+                 "kl = tl.load(KL + (bh * NCH + ci) * BC + rc)",
+                 "gl = tl.load(SC + (bh * NCH + ci) * 3)"]
+        if mom:
+            lines += ["bm = tl.load(BM + bh * T + tok)[:, None]",
+                      "kml = tl.load(KML + (bh * NCH + ci) * BC + rc)",
+                      "bl = tl.load(SC + (bh * NCH + ci) * 3 + 1)",
+                      "thl = tl.load(SC + (bh * NCH + ci) * 3 + 2)"]
+        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(coef_order)]
+        # the gradient factors of the chunk's tokens at the anchor: (δ_i, x_i) = (dl_i, x_i)
+        g_lines, g_out, _ = _graph_lines(grad, "g_", W, scal, tokens, wdims, matmul=plain)
+        lines += g_lines
+        for i in range(n_w):
+            lines += [f"dl{i} = {g_out[f'delta{i + 1}']}", f"x{i} = {g_out[f'input{i + 1}']}"]
+        return lines
+
+    # ---------------------------------------------------------------- forward
+    body = prologue()
+    for i in range(n_w):
+        body.append(f"w{i} = tl.load({tile(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if mom:
+            body.append(f"s{i} = tl.load({tile(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+    loop = []
+    for i in range(n_w):
+        loop.append(f"tl.store({tile(f'CKW{i}', i, 'ci')}, w{i}, mask=mask{i})")
+        if mom:
+            loop.append(f"tl.store({tile(f'CKS{i}', i, 'ci')}, s{i}, mask=mask{i})")
+    loop += load_chunk()
+    f_lines, f_out, _ = _graph_lines(forward, "f_", W, scal, {"x": ("q", "k")}, wdims, matmul=dual)
+    loop += f_lines
+    loop.append(f"tl.store(O + (bh * T + tok[:, None]) * Nv + rv[None, :], {f_out['y']}, mask=mv[None, :])")
+    for i in range(n_w):  # the chunk end: (1) at its last token
+        upd = _dot(_tr(f"dl{i} * kl[:, None]"), f"x{i}")
+        if mom:
+            loop.append(f"w{i} = gl * w{i} + bl * s{i} + {upd}")
+            loop.append(f"s{i} = thl * s{i} + {_dot(_tr(f'dl{i} * kml[:, None]'), f'x{i}')}")
+        else:
+            loop.append(f"w{i} = gl * w{i} + {upd}")
+    body.append("for ci in range(NCH):")
+    body += ["    " + ln for ln in loop]
+    for i in range(n_w):
+        body.append(f"tl.store({tile(f'CKW{i}', i, 'NCH')}, w{i}, mask=mask{i})")
+        if mom:
+            body.append(f"tl.store({tile(f'CKS{i}', i, 'NCH')}, s{i}, mask=mask{i})")
+    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
+    for i in range(n_w):
+        ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
+    consts = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
+              "BE: tl.constexpr, PREC: tl.constexpr")
+    kernels = ("    @triton.jit\n    def _minibatch_fwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
+               + "\n".join("        " + ln for ln in body) + "\n")
+
+    # ---------------------------------------------------------------- backward
+    seeds = {}
+    for i in range(n_w):
+        seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
+        seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
+    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp")
+    fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
+    body = prologue()
+    for i in range(n_w):
+        body.append(f"dw{i} = tl.load({tile(f'DWF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        if mom:
+            body.append(f"ds{i} = tl.load({tile(f'DSF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+    loop = ["ci = NCH - 1 - cc"]
+    for i in range(n_w):
+        loop.append(f"w{i} = tl.load({tile(f'CKW{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
+        if mom:
+            loop.append(f"s{i} = tl.load({tile(f'CKS{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
+    loop += load_chunk()
+    loop += ["do = tl.load(DO + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)",
+             "dkmat = tl.zeros([BC, BC], tl.float32)", "dgam = tl.zeros([BC], tl.float32)",
+             "dkl = tl.zeros([BC], tl.float32)"]
+    if mom:
+        loop += ["dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)"]
+    # the read: o = M_{W_t}(q_t) with (2); its reverse gives dq and ∂ℓ/∂W_t = Σ_j L_j R_jᵀ per weight
+    f_lines, f_out, _ = _graph_lines(fvjp, "fb_", W, scal, {"x": ("q", "k"), "ct_y": ("do", "v")}, wdims,
+                                     matmul=dual)
+    loop += f_lines
+    loop.append(f"dq = {f_out['d_x']}" if "d_x" in f_out else "dq = tl.zeros([BC, BK], tl.float32)")
+    for i, (rows, cols) in enumerate(wdims):
+        loop += [f"ddl{i} = tl.zeros([BC, {BLOCK[rows]}], tl.float32)",
+                 f"dx{i} = tl.zeros([BC, {BLOCK[cols]}], tl.float32)"]
+        # the chunk end (1): W_n = γ_n W_0 + b_n S_0 + Σ_r K[n, r] δ_r x_rᵀ (and S_n = Θ_n S_0 + Σ_r K'[n, r] δ_r x_rᵀ)
+        loop += [f"xdw = {_dot(f'x{i}', _tr(f'dw{i}'))}",
+                 f"ddl{i} += kl[:, None] * xdw",
+                 f"dx{i} += kl[:, None] * {_dot(f'dl{i}', f'dw{i}')}",
+                 f"dkl += tl.sum(dl{i} * xdw, axis=1)",
+                 f"dw0_{i} = gl * dw{i}",
+                 f"dgl_{i} = tl.sum(tl.sum(dw{i} * w{i}, axis=1), axis=0)"]
+        if mom:
+            loop += [f"xds = {_dot(f'x{i}', _tr(f'ds{i}'))}",
+                     f"ddl{i} += kml[:, None] * xds",
+                     f"dx{i} += kml[:, None] * {_dot(f'dl{i}', f'ds{i}')}",
+                     f"dkml += tl.sum(dl{i} * xds, axis=1)",
+                     f"ds0_{i} = bl * dw{i} + thl * ds{i}",
+                     f"dbl_{i} = tl.sum(tl.sum(dw{i} * s{i}, axis=1), axis=0)",
+                     f"dthl_{i} = tl.sum(tl.sum(ds{i} * s{i}, axis=1), axis=0)"]
+        j = 0
+        while f"outer{i}_{j}_l" in f_out:  # each (L, R) through (2)
+            lft, rgt = f_out[f"outer{i}_{j}_l"], f_out[f"outer{i}_{j}_r"]
+            loop += [f"rx = {_dot(rgt, _tr(f'x{i}'))}", f"ld = {_dot(lft, _tr(f'dl{i}'))}",
+                     f"dw0_{i} += {_dot(_tr(f'{lft} * gam'), rgt)}",
+                     f"ddl{i} += {_dot(_tr('kmat * rx'), lft)}",
+                     f"dx{i} += {_dot(_tr('kmat * ld'), rgt)}",
+                     "dkmat += ld * rx",
+                     f"dgam += tl.sum({lft} * {_dot(rgt, _tr(f'w{i}'))}, axis=1)"]
+            if mom:
+                loop += [f"ds0_{i} += {_dot(_tr(f'{lft} * bm'), rgt)}",
+                         f"dbm += tl.sum({lft} * {_dot(rgt, _tr(f's{i}'))}, axis=1)"]
+            j += 1
+    # the gradient factors: dΔ, dX back to k, v, the bias's gates and the anchor W_0
+    cts = dict(tokens)
+    for i, (rows, cols) in enumerate(wdims):
+        cts[f"ct_delta{i + 1}"] = (f"ddl{i}", rows)
+        cts[f"ct_input{i + 1}"] = (f"dx{i}", cols)
+    v_lines, v_out, _ = _graph_lines(gvjp, "gb_", W, scal, cts, wdims, matmul=plain)
+    loop += v_lines
+    loop.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros([BC, BK], tl.float32)")
+    loop.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros([BC, BV], tl.float32)")
+    for i in range(n_w):
+        j = 0
+        while f"outer{i}_{j}_l" in v_out:
+            loop.append(f"dw0_{i} += {_dot(_tr(v_out[f'outer{i}_{j}_l']), v_out[f'outer{i}_{j}_r'])}")
+            j += 1
+    loop += ["tl.store(DQ + (bh * T + tok[:, None]) * Nk + rk[None, :], dq, mask=mk[None, :])",
+             "tl.store(DK + (bh * T + tok[:, None]) * Nk + rk[None, :], dk, mask=mk[None, :])",
+             "tl.store(DV + (bh * T + tok[:, None]) * Nv + rv[None, :], dv, mask=mv[None, :])"]
+    for j, n in enumerate(coef_order):
+        if f"d_{n}" in v_out:  # a gate inside the bias (e.g. Huber's δ): a [BC, 1] per-token scalar
+            loop.append(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.sum({v_out[f'd_{n}']} "
+                        f"+ tl.zeros([BC, 1], tl.float32), axis=1))")
+    loop += ["tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], dkmat)",
+             "tl.store(DGAM + bh * T + tok, dgam)",
+             "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
+             "tl.store(DSC + (bh * NCH + ci) * 3, " + " + ".join(f"dgl_{i}" for i in range(n_w)) + ")"]
+    if mom:
+        loop += ["tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
+                 "tl.store(DSC + (bh * NCH + ci) * 3 + 1, " + " + ".join(f"dbl_{i}" for i in range(n_w)) + ")",
+                 "tl.store(DSC + (bh * NCH + ci) * 3 + 2, " + " + ".join(f"dthl_{i}" for i in range(n_w)) + ")"]
+    for i in range(n_w):
+        loop.append(f"dw{i} = dw0_{i}")
+        if mom:
+            loop.append(f"ds{i} = ds0_{i}")
+    body.append("for cc in range(NCH):")
+    body += ["    " + ln for ln in loop]
+    for i in range(n_w):
+        body.append(f"tl.store({tile(f'DW0_{i}', i)}, dw{i}, mask=mask{i})")
+        if mom:
+            body.append(f"tl.store({tile(f'DS0_{i}', i)}, ds{i}, mask=mask{i})")
+    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
+    for i in range(n_w):
+        ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
+    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
+    kernels += ("\n    @triton.jit\n    def _minibatch_bwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
+                + "\n".join("        " + ln for ln in body) + "\n")
+    flags = {"momentum": mom, "has_alpha": spec.retention.kind == "decay"}
+    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    return preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)

@@ -1,0 +1,152 @@
+"""The mini-batch (dual-form) Triton kernels (issue 3, part 3), run by the interpreter on the CPU:
+backend="triton" with the chunked algorithm vs the torch recurrence in float64 (an independent path: one
+token at a time, gradients at the anchor by autograd) — outputs, final state and the gradients of q, k,
+v, every gate and every initial-state tensor. The forward prints `memory_grad` and `memory_forward` on
+[C, n] tiles; the backward prints their reverse-mode graphs, so the specs and variants below cover the
+pieces: LayerNorm + residual + GELU (TTT-MLP, Titans, Yaad), momentum and decay (Titans), a gated
+Huber bias (Yaad), decay after the step with Dk != Dv and no norm (mlp_post_decay), a depth-3 tanh MLP,
+and a linear memory with a non-l2 bias and momentum (no linear chunk family covers it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_triton_recurrent import assert_compiled_matches_eager, rel
+
+import mirasc
+
+triton = pytest.importorskip("triton")
+SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.3, 0.9), "delta": (1.0, 4.0)}
+MINIBATCH_SPECS = ["titans", "ttt_mlp", "yaad"]
+VARIANTS = {
+    "mlp_post_decay": "memory = mlp(depth=2, expansion=2, act=silu, residual=false, norm=none)\nbias = l2\n"
+                      "retention = decay(alpha=gate, order=post)\nlearner = momentum(lr=gate, theta=0.8)\n"
+                      "parallel = minibatch(16)",
+    "mlp_depth3_tanh": "memory = mlp(depth=3, expansion=2, act=tanh, residual=true, norm=layernorm)\nbias = l2\n"
+                       "retention = none\nlearner = gd(lr=gate)\nparallel = minibatch(16)",
+    "linear_huber_momentum": "memory = linear\nbias = huber(delta=gate)\nretention = decay(alpha=gate)\n"
+                             "learner = momentum(lr=gate, theta=gate)\nparallel = minibatch(16)",
+}
+
+
+def compile_named(name):
+    if name in VARIANTS:
+        return mirasc.compile_spec(f"model {name} {{\n{VARIANTS[name]}\n}}\n")
+    return mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
+
+
+def inputs(mod, B, T, H, Dk, Dv, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
+    v = torch.randn(B, T, H, Dv, generator=g)
+    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    state = mod.init_state(B, H, Dk, Dv)
+    # perturbed, with a non-zero momentum buffer, so every initial-state tensor matters
+    state = {n: s + 0.05 * torch.randn(s.shape, generator=g) for n, s in state.items()}
+    return q, k, v, gates, state
+
+
+def grads_of(mod, q, k, v, gates, state, dtype, **kw):
+    """Outputs, final state and the gradients of a fixed random functional of both."""
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v, *gates.values(), *state.values())]
+    gs = dict(zip(gates, leaves[3:3 + len(gates)]))
+    st = dict(zip(state, leaves[3 + len(gates):]))
+    o, final = mod.apply(*leaves[:3], gs, state=st, **kw)
+    gen = torch.Generator().manual_seed(2)
+    loss = (o * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)).sum()
+    for n in sorted(final):
+        loss = loss + (final[n] * torch.randn(final[n].shape, generator=gen, dtype=torch.float64).to(dtype)).sum()
+    return [o, *(final[n] for n in sorted(final))], torch.autograd.grad(loss, leaves)
+
+
+# Tolerance: float32 kernels vs float64; the float32 torch paths are off by the same order (rounding
+# amplified by the inner loop's LayerNorm: up to ~3e-5 for Titans at T = 150).
+@pytest.mark.parametrize("name", MINIBATCH_SPECS + sorted(VARIANTS))
+@pytest.mark.parametrize("shape", [(1, 37, 2, 8, 8), (2, 1, 1, 8, 8)], ids=["T37", "T1"])
+def test_minibatch_kernels_match_the_recurrence(name, shape):
+    mod = compile_named(name)
+    assert hasattr(mod, "_minibatch_triton")
+    if "residual=false" in mod.SPEC or "memory = linear" in mod.SPEC:
+        shape = shape[:3] + (8, 5)  # Dk != Dv, and Dv below tl.dot's 16: padded lanes
+    if mod.MINIBATCH == 64 and shape[1] > 1:
+        shape = (1, 70, 1) + shape[3:]  # two chunks, the last one partial
+    data = inputs(mod, *shape)
+    outs, grads = grads_of(mod, *data, torch.float32, backend="triton", algorithm="chunked")
+    ref_outs, ref_grads = grads_of(mod, *data, torch.float64, backend="torch", algorithm="recurrent")
+    names = ["q", "k", "v", *data[3], *data[4]]
+    for a, b in zip(outs, ref_outs):
+        assert rel(a, b) < 2e-5
+    for n, a, b in zip(names, grads, ref_grads):
+        assert b.norm() > 0 or n == "v", n  # the functional reaches every input (Huber's v: sign regime)
+        assert rel(a, b) < 5e-5, n
+
+
+def test_which_specs_have_minibatch_kernels():
+    """Every mini-batch spec whose retention keeps the weights linear in the accumulated updates;
+    Moneta (lq) and Memora (kl) read through a nonlinear map and keep the recurrent kernel."""
+    have = sorted(p.stem for p in SPEC_DIR.glob("*.miras") if hasattr(mirasc.compile_spec(p), "_minibatch_triton"))
+    assert have == MINIBATCH_SPECS
+    mod = compile_named("memora")
+    q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
+    with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
+        mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")
+
+
+def test_triton_default_is_the_minibatch_kernel(monkeypatch):
+    """backend="triton" runs the mini-batch kernels for a power-of-two mini-batch >= 16 and the recurrent
+    kernel otherwise (minibatch(4)); the result is the same function either way."""
+    mod = compile_named("ttt_mlp")
+    data = inputs(mod, 1, 20, 1, 8, 8)
+    calls = []
+    real = mod._minibatch_triton
+    monkeypatch.setattr(mod, "_minibatch_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    a, _ = mod.apply(*data[:4], state=data[4], backend="triton")
+    assert calls == [1]
+    b, _ = mod.apply(*data[:4], state=data[4], backend="triton", algorithm="recurrent")
+    assert rel(a, b) < 1e-5
+    small = mirasc.compile_spec(mod.SPEC.replace("minibatch(C=16)", "minibatch(C=4)"))
+    assert small.MINIBATCH == 4
+    c, _ = small.apply(*data[:4], state=data[4], backend="triton")  # falls back to the recurrent kernel
+    d, _ = small.apply(*data[:4], state=data[4], backend="torch")
+    assert rel(c, d) < 1e-5
+    with pytest.raises(ValueError, match="power of two"):
+        small.apply(*data[:4], state=data[4], backend="triton", algorithm="chunked")
+
+
+def test_minibatch_fp16_inputs():
+    mod = compile_named("titans")
+    q, k, v, gates, state = inputs(mod, 1, 70, 1, 8, 8)
+    o, final = mod.apply(q.half(), k.half(), v.half(), gates, state=state, backend="triton")
+    assert o.dtype == torch.float16 and all(t.dtype == torch.float32 for t in final.values())
+    ref, _ = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    assert rel(o, ref) < 2e-3
+
+
+def test_minibatch_op_compiles_without_graph_breaks():
+    mod = compile_named("titans")
+    q, k, v, gates, state = inputs(mod, 1, 70, 1, 8, 8)
+    for t in (q, k, v, *gates.values()):
+        t.requires_grad_(True)
+
+    def run(q, k, v, gates, state):
+        o, final = mod.apply(q, k, v, gates, state=state, backend="triton")
+        return o, final["W2"]
+
+    assert_compiled_matches_eager(run, q, k, v, gates, state)
+
+
+def test_packed_sequences_on_the_minibatch_kernels():
+    """cu_seqlens: each sequence starts a fresh mini-batch from its own row of the state."""
+    mod = compile_named("ttt_mlp")
+    cu = [0, 5, 5, 23]
+    q, k, v, gates, _ = inputs(mod, 1, cu[-1], 1, 8, 8)
+    state = mod.init_state(len(cu) - 1, 1, 8, 8)
+    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", cu_seqlens=cu)
+    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", cu_seqlens=cu)
+    assert rel(o, ref) < 1e-5
+    for n in final:
+        assert rel(final[n], ref_final[n]) < 1e-5
