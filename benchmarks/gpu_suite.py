@@ -13,6 +13,7 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
+  * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
 """
@@ -177,6 +178,20 @@ def run(args) -> list:
         gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
         timed(f"{name}: mirasc fused recurrent (triton fwd) T={Ts}", lambda mod=mod, qs=qs, ks=ks, vs=vs, gss=gss:
               mod.apply(qs, ks, vs, gss, backend="triton", algorithm="recurrent")[0], rows, device, B * Ts)
+
+    # -- Titans' memory op: the mini-batch Triton kernels vs the torch chunked path (cuBLAS), same run.
+    # Heads of 32 (E = 128): the kernels hold each weight as one register tile, the size backend="auto" uses.
+    mod = mods["titans"]
+    Dm = 16 if smoke else 32
+    q, k, v, gs = make_inputs(B, T, H, Dm, dtype, device, ("eta", "alpha", "theta"))
+    E, C = 4 * Dm, mod.MINIBATCH
+    # factors (3 matmuls of C·D·E), the read (W and S terms of both layers, plus the [C, C] dual terms),
+    # the chunk-end updates of W and S: 2 FLOPs per multiply-add
+    per_chunk = 2 * (3 * C * Dm * E + 4 * C * Dm * E + 2 * (C * C * Dm + C * C * E) + 4 * C * Dm * E)
+    timed(f"titans memory op (D={Dm}, E={E}, C={C}): mirasc mini-batch (triton) vs mirasc torch chunked",
+          lambda: mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens,
+          peer=lambda: mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0],
+          flops=B * H * (T // C) * per_chunk, nbytes=4 * B * T * H * Dm * q.element_size())
 
     # -- Titans: MLP memory layer vs titans-pytorch
     mod = mods["titans"]

@@ -64,7 +64,7 @@ def main() -> int:
         ref = run(mod, inputs, "torch", "recurrent", torch.float64, 16)
         cells = [path.stem]
         for algorithm in ("recurrent", "chunked"):
-            if algorithm == "chunked" and not hasattr(mod, "_chunked_triton"):
+            if algorithm == "chunked" and not (hasattr(mod, "_chunked_triton") or hasattr(mod, "_minibatch_triton")):
                 cells += ["—", "—"]
                 continue
             o, final, grads = run(mod, inputs, "triton", algorithm, torch.float32, 16)
@@ -74,7 +74,8 @@ def main() -> int:
         cells.append("Triton" if mod._BWD_STATE else "torch recompute")
         rows.append(cells)
         print(" | ".join(cells), flush=True)
-    print("\n| spec | recurrent: out | recurrent: state+grads | chunked: out | chunked: state+grads | "
+    print("\n| spec | recurrent: out | recurrent: state+grads | chunked or mini-batch: out | "
+          "chunked or mini-batch: state+grads | "
           "recurrent backward |\n|---|---|---|---|---|---|")
     for cells in rows:
         print("| " + " | ".join(cells) + " |")
