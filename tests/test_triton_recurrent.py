@@ -119,14 +119,24 @@ def test_every_parametric_spec_has_the_generated_backward():
     assert missing == []
 
 
-@pytest.mark.parametrize("name", SEGMENT_SPECS + ["huber_momentum_decay_post"])
+# Variants: the per-token factor path of an exact spec, and of a mini-batch too small for tl.dot (4).
+SEGMENT_VARIANTS = {
+    "huber_momentum_decay_post": "memory = linear\nbias = huber(delta=gate)\nretention = decay(alpha=gate, "
+                                 "order=post)\nlearner = momentum(lr=gate, theta=gate)",
+    "kl_minibatch4": "memory = mlp(depth=2, expansion=2, act=silu)\nbias = l2\nretention = kl(c=1, alpha=gate)\n"
+                     "learner = gd(lr=gate)\nparallel = minibatch(4)",
+}
+
+
+@pytest.mark.parametrize("name", SEGMENT_SPECS + sorted(SEGMENT_VARIANTS))
 def test_generated_backward_over_several_segments(name):
     """T = 40 crosses a checkpoint boundary (segments of 32, the last one partial) and mini-batch
-    boundaries (16, 32); the MLP memories run at Dk = Dv = 4 to keep the interpreter quick."""
-    if name == "huber_momentum_decay_post":
-        mod = mirasc.compile_spec("model huber_momentum_decay_post {\nmemory = linear\nbias = huber(delta=gate)\n"
-                                  "retention = decay(alpha=gate, order=post)\n"
-                                  "learner = momentum(lr=gate, theta=gate)\n}\n")
+    boundaries (16, 32); the MLP memories run at Dk = Dv = 4 to keep the interpreter quick. Mini-batch
+    specs with C >= 16 compute each mini-batch's factors and their reverse as tile computations.
+    Tolerance: 2e-5, or twice the float32 torch path's own worst error where the problem is worse
+    conditioned (Memora: ~7e-5 on k for both)."""
+    if name in SEGMENT_VARIANTS:
+        mod = mirasc.compile_spec(f"model {name} {{\n{SEGMENT_VARIANTS[name]}\n}}\n")
     else:
         mod = mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
     dims = (4, 4) if "residual=true" in mod.SPEC else (6, 5)
@@ -144,5 +154,7 @@ def test_generated_backward_over_several_segments(name):
                           for n in sorted(final))
         return torch.autograd.grad(loss, leaves)
 
-    for n, a, b in zip(names, run("triton", torch.float32), run("torch", torch.float64)):
-        assert rel(a, b) < 2e-5, n
+    ref = run("torch", torch.float64)
+    fp32_worst = max(rel(c, b) for c, b in zip(run("torch", torch.float32), ref))
+    for n, a, b in zip(names, run("triton", torch.float32), ref):
+        assert rel(a, b) < max(2e-5, 2 * fp32_worst), n

@@ -41,6 +41,65 @@ BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent 
 
 
 BLOCK = {"k": "BK", "v": "BV", "e": "BE"}  # the block (padded size) of each dimension name
+SIZE = {"k": "Nk", "v": "Nv", "e": "Ne"}  # the runtime size of each dimension name
+
+
+def batched_factors(spec: S.Spec) -> int:
+    """The mini-batch C when the recurrent kernels compute each chunk's gradient factors as one tile
+    computation (tl.dot needs C to be a power of two >= 16), else 0 (one token at a time)."""
+    C = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    return C if C >= 16 and C & (C - 1) == 0 else 0
+
+
+def _tile_matmul(op, i, w, h):
+    """layer/linear (h ↦ h Wᵀ) and linear_t (d ↦ d W) on [BC, n] token tiles."""
+    if op in ("layer", "linear"):
+        return f"tl.dot({h}, tl.trans({w}), input_precision=\"ieee\")"
+    return f"tl.dot({h}, {w}, input_precision=\"ieee\")"
+
+
+def _chunk_tiles(coef_order: list[str]) -> list[str]:
+    """Load the tokens t .. t+BC-1 (a mini-batch starting at t) as [BC, n] tiles, rows past T zeroed."""
+    lines = ["ctok = t + rc", "cm = ctok < T",
+             "kc = tl.load(K + (bh * T + ctok[:, None]) * Nk + rk[None, :], mask=cm[:, None] & mk[None, :], "
+             "other=0.0).to(tl.float32)",
+             "vc = tl.load(V + (bh * T + ctok[:, None]) * Nv + rv[None, :], mask=cm[:, None] & mv[None, :], "
+             "other=0.0).to(tl.float32)"]
+    lines += [f"cc_{n} = tl.load(C + (bh * T + ctok) * NC + {j}, mask=cm, other=1.0)[:, None]"
+              for j, n in enumerate(coef_order)]
+    return lines
+
+
+def _row(base: str, dim: str, tok: str = "t") -> str:
+    """Pointer to row `tok` of a [B·H, T, N_dim] scratch buffer."""
+    return f"{base} + (bh * T + {tok}) * {SIZE[dim]} + r{dim}"
+
+
+def _rows(base: str, dim: str) -> str:
+    """Pointers to rows ctok of a [B·H, T, N_dim] scratch buffer."""
+    return f"{base} + (bh * T + ctok[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
+
+
+def _chunk_factor_lines(grad: ir.Graph, wdims, coef_order: list[str], at: list[str]) -> list[str]:
+    """At a mini-batch start: the gradient factors (δ_i, x_i) of all its tokens at the anchor, as one tile
+    computation (`memory_grad` on [BC, n] tiles), written to the factor scratch FDL_i / FX_i."""
+    lines = _chunk_tiles(coef_order)
+    scal = {n: f"cc_{n}" for n in coef_order}
+    g_lines, g_out, _ = _graph_lines(grad, "gc_", at, scal, {"k": ("kc", "k"), "v": ("vc", "v")}, wdims,
+                                     matmul=_tile_matmul)
+    lines += g_lines
+    for i, (rows, cols) in enumerate(wdims):
+        lines += [f"tl.store({_rows(f'FDL{i}', rows)}, {g_out[f'delta{i + 1}']}, mask=cm[:, None] & m{rows}[None, :])",
+                  f"tl.store({_rows(f'FX{i}', cols)}, {g_out[f'input{i + 1}']}, mask=cm[:, None] & m{cols}[None, :])"]
+    return lines + ["tl.debug_barrier()"]
+
+
+def _load_factors(wdims) -> list[str]:
+    lines = []
+    for i, (rows, cols) in enumerate(wdims):
+        lines += [f"delta{i} = tl.load({_row(f'FDL{i}', rows)}, mask=m{rows}, other=0.0)",
+                  f"input{i} = tl.load({_row(f'FX{i}', cols)}, mask=m{cols}, other=0.0)"]
+    return lines
 
 
 def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
@@ -200,9 +259,11 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             ptrs += [f"Y{i}_in", f"Y{i}_out"]
         if mom:
             ptrs += [f"S{i}_in", f"S{i}_out"]
-    sig = ", ".join(ptrs) + ", T, Nk, Nv, Ne, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BE: tl.constexpr"
+    ptrs += [f"F{n}{i}" for i in range(n_w) for n in ("DL", "X")]  # factor scratch (used with batched factors)
+    sig = (", ".join(ptrs) + ", T, Nk, Nv, Ne, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
+           "BE: tl.constexpr, BC: tl.constexpr")
     body: list[str] = [
-        "bh = tl.program_id(0)",
+        "bh = tl.program_id(0)", "rc = tl.arange(0, BC)",
         "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
         "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne",
     ]
@@ -245,8 +306,15 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     if r.kind == "decay" and r.order == "pre":
         for i in range(n_w):
             loop.append(f"w{i} = c_alpha * w{i}")
-    g_lines, g_out, _ = _graph_lines(grad, "g_", A, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
-    loop += g_lines
+    bc = batched_factors(spec)
+    if bc:  # the factors of a whole mini-batch at once, at its start (its anchor is the current state)
+        loop.append("if new_chunk:")
+        loop += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, A)]
+        loop += _load_factors(wdims)
+        g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(n_w) for n in ("delta", "input")}
+    else:
+        g_lines, g_out, _ = _graph_lines(grad, "g_", A, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+        loop += g_lines
     for i in range(n_w):
         delta, inp = g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"]
         loop.append(f"grad{i} = {delta}[:, None] * {inp}[None, :]")
@@ -288,6 +356,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         .replace("{{BWD_STATE}}", repr(tuple(bwd_state))) \
         .replace("{{BWD_STATE_WEIGHT}}", repr(tuple(_widx(n) for n in bwd_state))) \
         .replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
+        .replace("{{FACTOR_BLOCK}}", str(batched_factors(spec))).replace("{{FACTOR_DIMS}}", repr(tuple(wdims))) \
         .replace("{{BWD_REASON}}", why_not)
 
 
@@ -332,6 +401,7 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     wdims = spec.weight_dims()
     n_w = len(wdims)
     size = {"k": "Nk", "v": "Nv", "e": "Ne"}
+    bc = batched_factors(spec)
     scal = {n: f"c_{n}" for n in coef_order}
     seeds = {}
     for i in range(n_w):
@@ -358,8 +428,10 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         lines += [f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})" for j, n in enumerate(coef_order)]
         return lines
 
-    def step():
-        """One token forward from the state variables (updated in place); keeps the intermediates."""
+    def step(compute_factors=True):
+        """One token forward from the state variables (updated in place); keeps the intermediates.
+        With batched factors, pass 1 computes each mini-batch's factors at its start into the factor
+        scratch (compute_factors) and every later replay reads them from there."""
         lines = [f"new_chunk = (t % {mb}) == 0"] if mb else []
         for i in range(n_w):
             if mb:
@@ -367,8 +439,15 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             lines.append(f"w_prev{i} = w{i}")
             lines.append(f"w_dec{i} = c_alpha * w{i}" if r.kind == "decay" and r.order == "pre" else f"w_dec{i} = w{i}")
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(n_w)]
-        g_lines, g_out, _ = _graph_lines(grad, "g_", at, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
-        lines += g_lines
+        if bc:
+            if compute_factors:
+                lines.append("if new_chunk:")
+                lines += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, at)]
+            lines += _load_factors(wdims)
+            g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(n_w) for n in ("delta", "input")}
+        else:
+            g_lines, g_out, _ = _graph_lines(grad, "g_", at, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+            lines += g_lines
         for i in range(n_w):
             lines += [f"delta{i} = {g_out[f'delta{i + 1}']}", f"input{i} = {g_out[f'input{i + 1}']}",
                       f"grad{i} = delta{i}[:, None] * input{i}[None, :]"]
@@ -439,6 +518,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                           f"dgrad{i} = -c_eta * dupd{i}"]
             lines += [f"ct_delta{i + 1} = tl.sum(dgrad{i} * input{i}[None, :], axis=1)",
                       f"ct_input{i + 1} = tl.sum(dgrad{i} * delta{i}[:, None], axis=0)"]
+        if bc:
+            return lines + batched_factor_reverse()
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(n_w)]
         cts = {"k": ("k", "k"), "v": ("v", "v")}
         for i, (rows, cols) in enumerate(wdims):
@@ -469,8 +550,52 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
         return lines
 
+    def batched_factor_reverse():
+        """The rest of the token's reverse with batched factors: the factors' cotangents go to scratch;
+        at a mini-batch start (the last of its tokens the reverse walk meets) the reverse-mode graph of
+        `memory_grad` runs on the whole mini-batch as one tile computation: dk, dv, the bias's gates and
+        the anchor's cotangent, which joins dW (the anchor is the state before this token)."""
+        lines = []
+        for i, (rows, cols) in enumerate(wdims):
+            if r.kind == "decay" and r.order == "pre":
+                lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec{i} * w_prev{i}, axis=1), axis=0)",
+                          f"dw{i} = c_alpha * dw_dec{i}"]
+            else:
+                lines.append(f"dw{i} = dw_dec{i}")
+            lines += [f"tl.store({_row(f'CTD{i}', rows)}, ct_delta{i + 1}, mask=m{rows})",
+                      f"tl.store({_row(f'CTX{i}', cols)}, ct_input{i + 1}, mask=m{cols})"]
+        lines += ["tl.store(DQ + (bh * T + t) * Nk + rk, dq, mask=mk)"]
+        lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
+        block = ["tl.debug_barrier()"] + _chunk_tiles(coef_order)
+        cts = {"k": ("kc", "k"), "v": ("vc", "v")}
+        for i, (rows, cols) in enumerate(wdims):
+            block += [f"ctd{i} = tl.load({_rows(f'CTD{i}', rows)}, mask=cm[:, None] & m{rows}[None, :], other=0.0)",
+                      f"ctx{i} = tl.load({_rows(f'CTX{i}', cols)}, mask=cm[:, None] & m{cols}[None, :], other=0.0)"]
+            cts[f"ct_delta{i + 1}"] = (f"ctd{i}", rows)
+            cts[f"ct_input{i + 1}"] = (f"ctx{i}", cols)
+        v_lines, v_out, _ = _graph_lines(gvjp, "gb_", [f"anchor{i}" for i in range(n_w)],
+                                         {n: f"cc_{n}" for n in coef_order}, cts, wdims, matmul=_tile_matmul)
+        block += v_lines
+        for x in ("k", "v"):
+            val = v_out.get(f"d_{x}", f"tl.zeros([BC, B{x.upper()}], tl.float32)")
+            block.append(f"tl.store({_rows('D' + x.upper(), x)}, {val}, mask=cm[:, None] & m{x}[None, :])")
+        for j, n in enumerate(coef_order):
+            if f"d_{n}" in v_out:  # a gate inside the bias: add its part to what the token's reverse stored
+                block += [f"dcc = tl.load(DC + (bh * T + ctok) * NC + {j}, mask=cm, other=0.0)",
+                          f"tl.store(DC + (bh * T + ctok) * NC + {j}, dcc + tl.sum({v_out[f'd_{n}']} "
+                          "+ tl.zeros([BC, 1], tl.float32), axis=1), mask=cm)"]
+        for i in range(n_w):
+            terms, j = [], 0
+            while f"outer{i}_{j}_l" in v_out:
+                terms.append(f"tl.dot(tl.trans({v_out[f'outer{i}_{j}_l']}), {v_out[f'outer{i}_{j}_r']}, "
+                             "input_precision=\"ieee\")")
+                j += 1
+            if terms:
+                block.append(f"dw{i} = dw{i} + " + " + ".join(terms))
+        return lines + ["if new_chunk:"] + ["    " + ln for ln in block]
+
     init = ["bh = tl.program_id(0)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
-            "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
+            "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne", "rc = tl.arange(0, BC)"]
     for i, (rows, cols) in enumerate(wdims):
         init.append(f"mask{i} = m{rows}[:, None] & m{cols}[None, :]")
         init.append(f"w{i} = tl.load({tile('W' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
@@ -500,18 +625,19 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         if mom:
             body.append(f"ds{i} = tl.load({tile(f'DS{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
         if mb:
-            body.append(f"da{i} = tl.zeros_like(dw{i})")
+            if not bc:
+                body.append(f"da{i} = tl.zeros_like(dw{i})")
     body += [f"for sg in range(0, tl.cdiv(T, {seg})):",
              f"    g0 = (tl.cdiv(T, {seg}) - 1 - sg) * {seg}",
              f"    n_tok = tl.minimum({seg}, T - g0)"]
     body += [f"    {n} = tl.load({scratch(n, f'g0 // {seg}')}, mask=mask{_widx(n)}, other=0.0)" for n in state]
     body += ["    for j in range(0, n_tok):", "        t = g0 + j"]
     body += [f"        tl.store({scratch(n, 'NCK + j')}, {n}, mask=mask{_widx(n)})" for n in state]
-    body += ["        " + ln for ln in load_token() + step()]
+    body += ["        " + ln for ln in load_token() + step(compute_factors=False)]
     body += ["    tl.debug_barrier()", "    for jj in range(0, n_tok):", "        j = n_tok - 1 - jj",
              "        t = g0 + j"]
     body += [f"        {n} = tl.load({scratch(n, 'NCK + j')}, mask=mask{_widx(n)}, other=0.0)" for n in state]
-    body += ["        " + ln for ln in load_token() + step() + reverse()]
+    body += ["        " + ln for ln in load_token() + step(compute_factors=False) + reverse()]
     # cotangents of the initial state
     for i in range(n_w):
         if r.kind == "bregman":
@@ -536,8 +662,9 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         if mom:
             ptrs += [f"S{i}_in", f"DS{i}_fin", f"DS{i}_in"]
     ptrs += [f"BUF_{n}" for n in state] + ["DQ", "DK", "DV", "DC"]
+    ptrs += [f"{b}{i}" for i in range(n_w) for b in ("FDL", "FX", "CTD", "CTX")]  # factor scratch (batched factors)
     sig = (", ".join(ptrs) + ", T, Nk, Nv, Ne, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
-           "BE: tl.constexpr")
+           "BE: tl.constexpr, BC: tl.constexpr")
     return ("    @triton.jit\n    def _fused_recurrent_bwd(" + sig + "):  # noqa: C901\n"
             + "\n".join("        " + line for line in body) + "\n"), state
 
@@ -582,6 +709,22 @@ _MOMENTUM = {{MOMENTUM}}
 _BWD_STATE = {{BWD_STATE}}
 _BWD_STATE_WEIGHT = {{BWD_STATE_WEIGHT}}  # which weight each of those tiles belongs to
 _BWD_SEGMENT = {{BWD_SEGMENT}}
+# Mini-batch C when each mini-batch's gradient factors are one tile computation (tl.dot) at its start,
+# kept in scratch (0: one token at a time), and the (rows, cols) dimension names of each weight.
+_FACTOR_BLOCK = {{FACTOR_BLOCK}}
+_FACTOR_DIMS = {{FACTOR_DIMS}}
+
+
+def _factor_scratch(q, v, Ne, names):
+    """[B·H, T, n] float32 scratch per weight for each of `names` (rows- or cols-sized), or placeholders."""
+    B, H, T, Dk = q.shape
+    size = {"k": Dk, "v": v.shape[-1], "e": Ne}
+    out = []
+    for rows, cols in _FACTOR_DIMS:
+        for name in names:
+            n = size[rows] if name in ("FDL", "CTD") else size[cols]
+            out.append(torch.empty(B * H, T, n, dtype=torch.float32, device=q.device) if _FACTOR_BLOCK else q)
+    return out
 
 if triton is not None:
 {{KERNEL}}
@@ -610,9 +753,12 @@ def _launch_recurrent(q, k, v, c, state):
         src = state[key].float().contiguous()
         final[key] = torch.empty_like(src)
         args += [src, final[key]]
+    args += _factor_scratch(q, v, Ne, ("FDL", "FX"))
+    # tl.dot (batched factors) needs every dimension >= 16; padded lanes are masked to zero
+    low = 16 if _FACTOR_BLOCK else 1
     _fused_recurrent_fwd[(B * H,)](*args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)),
-                                   BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv),
-                                   BE=triton.next_power_of_2(Ne))
+                                   BK=max(low, triton.next_power_of_2(Dk)), BV=max(low, triton.next_power_of_2(Dv)),
+                                   BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16)
     return o, final
 
 
@@ -633,9 +779,11 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
     args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, *shapes[i], **f32) for i in _BWD_STATE_WEIGHT]
     dq, dk = torch.empty(B, H, T, Dk, **f32), torch.empty(B, H, T, Dk, **f32)
     dv, dc = torch.empty(B, H, T, Dv, **f32), torch.empty(B, H, T, len(_COEF_ORDER), **f32)
-    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT,
-                                   NC=len(_COEF_ORDER), BK=triton.next_power_of_2(Dk), BV=triton.next_power_of_2(Dv),
-                                   BE=triton.next_power_of_2(Ne))
+    low = 16 if _FACTOR_BLOCK else 1
+    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX")),
+                                   T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
+                                   BK=max(low, triton.next_power_of_2(Dk)), BV=max(low, triton.next_power_of_2(Dv)),
+                                   BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16)
     dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
 
