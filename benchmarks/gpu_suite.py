@@ -13,6 +13,7 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
+  * ttt_linear: the chunked Triton kernels vs fla chunk_ttt_linear (a similar model, see the case);
   * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
@@ -31,7 +32,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
-SPECS = ["transformer", "sliding_window", "gated_deltanet", "deltanet", "mamba2", "titans"]
+SPECS = ["transformer", "sliding_window", "gated_deltanet", "deltanet", "mamba2", "ttt_linear", "titans"]
 
 
 def emit(out_dir: Path) -> None:
@@ -178,6 +179,26 @@ def run(args) -> list:
         gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
         timed(f"{name}: mirasc fused recurrent (triton fwd) T={Ts}", lambda mod=mod, qs=qs, ks=ks, vs=vs, gss=gss:
               mod.apply(qs, ks, vs, gss, backend="triton", algorithm="recurrent")[0], rows, device, B * Ts)
+
+    # -- TTT-linear (mini-batch 16) vs fla's chunk_ttt_linear. Not the same function: fla's TTT puts a
+    # LayerNorm with a residual on the memory's output inside the inner loss; same shapes, similar cost.
+    mod = mods["ttt_linear"]
+    q, k, v, gs = make_inputs(B, T, H, D, dtype, device, ("eta",))
+    peer = None
+    if not smoke:
+        try:
+            from fla.ops.ttt import chunk_ttt_linear
+
+            ln_w = torch.ones(H, D, device=device, dtype=dtype)
+            ln_b = torch.zeros(H, D, device=device, dtype=dtype)
+
+            def peer(q=q, k=k, v=v, gs=gs):
+                return chunk_ttt_linear(q, k, v, ln_w, ln_b, gs["eta"][..., None], scale=1.0, chunk_size=16)[0]
+        except ImportError:
+            pass
+    timed("ttt_linear: mirasc chunked (triton) vs fla chunk_ttt_linear (LN inside: similar, not equal)",
+          lambda: mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens, peer=peer,
+          flops=flops_chunked_linear(B, H, T, D, C=16), nbytes=4 * B * T * H * D * q.element_size() + 4 * B * T * H)
 
     # -- Titans' memory op: the mini-batch Triton kernels vs the torch chunked path (cuBLAS), same run.
     # Heads of 32 (E = 128): the kernels hold each weight as one register tile, the size backend="auto" uses.
