@@ -139,14 +139,31 @@ def test_minibatch_op_compiles_without_graph_breaks():
     assert_compiled_matches_eager(run, q, k, v, gates, state)
 
 
-def test_packed_sequences_on_the_minibatch_kernels():
-    """cu_seqlens: each sequence starts a fresh mini-batch from its own row of the state."""
-    mod = compile_named("ttt_mlp")
-    cu = [0, 5, 5, 23]
-    q, k, v, gates, _ = inputs(mod, 1, cu[-1], 1, 8, 8)
-    state = mod.init_state(len(cu) - 1, 1, 8, 8)
-    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", cu_seqlens=cu)
-    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", cu_seqlens=cu)
-    assert rel(o, ref) < 1e-5
-    for n in final:
-        assert rel(final[n], ref_final[n]) < 1e-5
+@pytest.mark.parametrize("name", ["ttt_mlp", "mlp_post_decay"])
+def test_packed_sequences_in_one_launch(name):
+    """cu_seqlens on the mini-batch kernels: sequences become padded rows of one launch; each row's chunk
+    ends are taken at its last real token (with momentum, padding tokens are not no-ops: W keeps moving
+    by S). Equal to the torch path run per sequence: outputs, final states, gradients; incl. an empty
+    sequence, one shorter than a mini-batch and one spanning two; state=None as well."""
+    mod = compile_named(name)
+    Dv = 8 if "residual=true" in mod.SPEC else 5
+    cu = [0, 5, 5, 23, 40]
+    q, k, v, gates, _ = inputs(mod, 1, cu[-1], 2, 8, Dv)
+    assert mod._packed_on_chunk_kernels(q, "triton", "auto", None)  # the one-launch path, not a loop
+    for state in (None, inputs(mod, len(cu) - 1, 1, 2, 8, Dv, seed=3)[4]):
+        leaves = [v] + ([] if state is None else list(state.values()))
+        runs = []
+        for backend in ("triton", "torch"):
+            vv = v.detach().requires_grad_(True)
+            st = None if state is None else {n: t.detach().requires_grad_(True) for n, t in state.items()}
+            o, final = mod.apply(q, k, vv, gates, state=st, backend=backend, cu_seqlens=cu)
+            gen = torch.Generator().manual_seed(4)
+            loss = (o * torch.randn(o.shape, generator=gen)).sum()
+            loss = loss + sum((final[n] * torch.randn(final[n].shape, generator=gen)).sum() for n in sorted(final))
+            ins = [vv] + ([] if st is None else list(st.values()))
+            runs.append((o, [final[n] for n in sorted(final)], torch.autograd.grad(loss, ins)))
+        (o, fin, grads), (ref, ref_fin, ref_grads) = runs
+        assert len(grads) == len(leaves)
+        assert rel(o, ref) < 1e-5
+        for a, b in zip(fin + list(grads), ref_fin + list(ref_grads)):
+            assert rel(a, b) < 1e-5

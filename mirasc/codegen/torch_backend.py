@@ -233,6 +233,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         triton_section += triton_backend.emit_chunked(spec, family, preprocess)
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(spec) is None
     flags["triton_minibatch"] = minibatch
+    flags["triton_packed"] = flags["triton_chunked"] or minibatch  # cu_seqlens in one launch (padded rows)
     if minibatch:
         triton_section += triton_minibatch.emit_minibatch(spec, d, forward, grad, coef_order, preprocess)
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
