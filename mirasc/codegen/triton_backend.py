@@ -5,7 +5,10 @@ One program per (batch, head) keeps the memory weights (and accumulators, moment
 mini-batch anchor) in registers as [rows, cols] tiles and walks the tokens: the gradient factors are
 the `memory_grad` graph printed as matrix-vector code, the learner and retention are elementwise tile
 updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
-Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks.
+Padded lanes (dimensions rounded up to powers of two) are kept at zero by masks. For mini-batch specs
+(C a power of two >= 16) the gradient factors of a whole mini-batch are computed at its start as one
+tile computation (`memory_grad` printed on [C, n] tiles with tl.dot) into a scratch buffer, and the
+backward runs the reverse of that graph on the whole mini-batch when its walk reaches the start.
 
 Backward of the recurrent kernel (`_emit_bwd`): a generated reverse sweep with state checkpoints every
 BWD_SEGMENT tokens. The reverse of the read and of the gradient factors comes from `ir.vjp` (reverse mode

@@ -35,10 +35,9 @@ from pathlib import Path
 from .. import ir
 from .. import spec as S
 from ..derive import Derivation
-from .triton_backend import BLOCK, Unsupported, _graph_lines
+from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
-SIZE = {"k": "Nk", "v": "Nv", "e": "Ne"}
 
 
 def minibatch_reason(spec: S.Spec) -> str | None:
