@@ -98,10 +98,17 @@ def flops_chunked_linear(B, H, T, D, C=64, delta=False):
     return B * H * T * per_token
 
 
+DEADLINE = [float("inf")]  # perf_counter() after which cases are skipped (--budget-s): a lent GPU's time is short
+
+
 def timed(label, fwd, rows, device, tokens, peer=None, flops=None, nbytes=None):
     """fwd() returns a tensor; times forward and forward+backward, and the peer's if given.
     flops: forward matmul FLOPs of the model (fwd+bwd counted as 3x); nbytes: the forward's compulsory
-    HBM traffic (inputs read once, outputs written once)."""
+    HBM traffic (inputs read once, outputs written once). Past the deadline the case is listed as skipped."""
+    if time.perf_counter() > DEADLINE[0]:
+        rows.append((label + " SKIPPED (time budget)", None, None, None, None, tokens, None, None))
+        return
+
     def fb(f):
         def run():
             out = f()
@@ -261,7 +268,10 @@ def main(argv=None) -> int:
     ap.add_argument("--emit-dir", type=Path, default=EMIT_DIR, help="where the emitted modules are")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (CPU, TRITON_INTERPRET=1): harness check")
     ap.add_argument("--out", type=Path, help="append the markdown table to this file")
+    ap.add_argument("--budget-s", type=float, default=420.0,
+                    help="start no new case after this many seconds (kernel compiles can be slow)")
     args = ap.parse_args(argv)
+    DEADLINE[0] = time.perf_counter() + args.budget_s
     if args.emit:
         emit(args.emit)
         return 0

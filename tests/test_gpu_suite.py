@@ -22,7 +22,12 @@ def test_gpu_suite_smoke(tmp_path, capsys):
     out = tmp_path / "results.md"
     assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out)]) == 0
     table = out.read_text(encoding="utf-8")
-    assert "FAILED" not in table, table
+    assert "FAILED" not in table and "SKIPPED" not in table, table
     for case in ("flash (triton)", "gated_deltanet: mirasc chunked (triton)", "mamba2: mirasc chunked (triton)",
-                 "deltanet: mirasc fused recurrent", "titans layer"):
+                 "deltanet: mirasc fused recurrent", "ttt_linear: mirasc chunked (triton)",
+                 "titans memory op", "titans layer"):
         assert case in table, case
+    # past the time budget no new case starts (and each is listed as skipped)
+    out2 = tmp_path / "skipped.md"
+    assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out2), "--budget-s", "0"]) == 0
+    assert out2.read_text(encoding="utf-8").count("SKIPPED (time budget)") >= 8
