@@ -149,7 +149,7 @@ def test_packed_sequences_in_one_launch(name):
     Dv = 8 if "residual=true" in mod.SPEC else 5
     cu = [0, 5, 5, 23, 40]
     q, k, v, gates, _ = inputs(mod, 1, cu[-1], 2, 8, Dv)
-    assert mod._packed_on_chunk_kernels(q, "triton", "auto", None)  # the one-launch path, not a loop
+    assert mod._packed_on_chunk_kernels(q, v, "triton", "auto", None)  # the one-launch path, not a loop
     for state in (None, inputs(mod, len(cu) - 1, 1, 2, 8, Dv, seed=3)[4]):
         leaves = [v] + ([] if state is None else list(state.values()))
         runs = []
