@@ -181,6 +181,9 @@ class LayerOptions(Form):
     conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
     gate_rank: Annotated[int, Field(ge=0, le=1024)] = 16  # low-rank gate projections (0: full rank)
     eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
+    # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95. MLP memories learn MQAR far better
+    # starting near 1 (7 gives 0.999): decay shrinks their whole feature map (benchmarks/RESULTS.md)
+    alpha_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0
     qk_norm: Literal["l2", "none"] = "l2"
     out_norm: Literal["rms", "none"] = "rms"
     out_gate: bool = True

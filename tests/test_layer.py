@@ -55,6 +55,20 @@ def test_layer_block_sets_defaults():
         mod.Layer(16, 2, convv=3)
 
 
+def test_alpha_bias_sets_the_initial_decay():
+    """layer { alpha_bias = 7 } (or Layer(..., alpha_bias=7)) starts the α gate at σ(7) ≈ 0.999; default σ(3)."""
+    path = Path(__file__).resolve().parents[1] / "specs" / "titans.miras"
+    text = path.read_text().replace("minibatch(64)", "minibatch(64)\n    layer { alpha_bias = 7 }")
+    x = torch.randn(2, 9, 16)
+    for mod, kw, want in ((mirasc.compile_spec(text), {}, 7.0), (mirasc.compile_spec(path), {}, 3.0),
+                          (mirasc.compile_spec(path), {"alpha_bias": 7.0}, 7.0)):
+        torch.manual_seed(0)
+        layer = mod.Layer(16, 2, **kw)
+        alpha = layer._project(x)[3]["alpha"]
+        assert abs(alpha.mean().item() - torch.sigmoid(torch.tensor(want)).item()) < 0.02, (kw, want)
+    assert mirasc.compile_spec(text).LAYER_DEFAULTS["alpha_bias"] == 7.0
+
+
 def test_layer_float32_chunked_matches_recurrent():
     mod = mirasc.compile_spec(Path(__file__).resolve().parents[1] / "specs" / "titans.miras")
     torch.manual_seed(1)
