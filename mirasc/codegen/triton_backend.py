@@ -105,6 +105,23 @@ def _load_factors(wdims) -> list[str]:
     return lines
 
 
+def _factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[str],
+                  compute: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The token's gradient factors at weights `at`: (lines, outputs of `memory_grad`). One token at a time,
+    or, with batched factors, read from the scratch a mini-batch start fills (`compute`: emit that fill)."""
+    wdims = spec.weight_dims()
+    if not batched_factors(spec):
+        g_lines, g_out, _ = _graph_lines(grad, "g_", at, {n: f"c_{n}" for n in coef_order},
+                                         {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+        return g_lines, g_out
+    lines = []
+    if compute:  # the factors of a whole mini-batch at once, at its start (its anchor is the current state)
+        lines.append("if new_chunk:")
+        lines += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, at)]
+    g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(len(wdims)) for n in ("delta", "input")}
+    return lines + _load_factors(wdims), g_out
+
+
 def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
                  dims_of_weight: list[tuple[str, str]],
                  matmul=None) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -309,15 +326,8 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     if r.kind == "decay" and r.order == "pre":
         for i in range(n_w):
             loop.append(f"w{i} = c_alpha * w{i}")
-    bc = batched_factors(spec)
-    if bc:  # the factors of a whole mini-batch at once, at its start (its anchor is the current state)
-        loop.append("if new_chunk:")
-        loop += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, A)]
-        loop += _load_factors(wdims)
-        g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(n_w) for n in ("delta", "input")}
-    else:
-        g_lines, g_out, _ = _graph_lines(grad, "g_", A, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
-        loop += g_lines
+    g_lines, g_out = _factor_lines(spec, grad, coef_order, A)
+    loop += g_lines
     for i in range(n_w):
         delta, inp = g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"]
         loop.append(f"grad{i} = {delta}[:, None] * {inp}[None, :]")
@@ -442,15 +452,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             lines.append(f"w_prev{i} = w{i}")
             lines.append(f"w_dec{i} = c_alpha * w{i}" if r.kind == "decay" and r.order == "pre" else f"w_dec{i} = w{i}")
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(n_w)]
-        if bc:
-            if compute_factors:
-                lines.append("if new_chunk:")
-                lines += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, at)]
-            lines += _load_factors(wdims)
-            g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(n_w) for n in ("delta", "input")}
-        else:
-            g_lines, g_out, _ = _graph_lines(grad, "g_", at, scal, {"k": ("k", "k"), "v": ("v", "v")}, wdims)
-            lines += g_lines
+        g_lines, g_out = _factor_lines(spec, grad, coef_order, at, compute_factors)
+        lines += g_lines
         for i in range(n_w):
             lines += [f"delta{i} = {g_out[f'delta{i + 1}']}", f"input{i} = {g_out[f'input{i + 1}']}",
                       f"grad{i} = delta{i}[:, None] * input{i}[None, :]"]
