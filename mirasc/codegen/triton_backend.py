@@ -54,11 +54,16 @@ def batched_factors(spec: S.Spec) -> int:
     return C if C >= 16 and C & (C - 1) == 0 else 0
 
 
-def _tile_matmul(op, i, w, h):
-    """layer/linear (h ↦ h Wᵀ) and linear_t (d ↦ d W) on [BC, n] token tiles."""
-    if op in ("layer", "linear"):
-        return f"tl.dot({h}, tl.trans({w}), input_precision=\"ieee\")"
-    return f"tl.dot({h}, {w}, input_precision=\"ieee\")"
+def tile_matmul(precision: str):
+    """The `matmul` printer of `_graph_lines` for [BC, n] token tiles: layer/linear (h ↦ h Wᵀ) and
+    linear_t (d ↦ d W) as tl.dot; `precision` is the Triton expression for its input_precision."""
+    def matmul(op, i, w, h):
+        rhs = f"tl.trans({w})" if op in ("layer", "linear") else w
+        return f"tl.dot({h}, {rhs}, input_precision={precision})"
+    return matmul
+
+
+_tile_matmul = tile_matmul('"ieee"')  # the recurrent kernels' batched factors: full fp32 products
 
 
 def _chunk_tiles(coef_order: list[str]) -> list[str]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from .. import ir
 from .. import spec as S
 from ..derive import Derivation
-from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines
+from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
 
@@ -72,8 +72,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     n_w = len(wdims)
     scal = {n: f"c_{n}" for n in coef_order}
 
-    def plain(op, i, w, h):  # a matmul on the anchor weights
-        return _dot(h, _tr(w)) if op in ("layer", "linear") else _dot(h, w)
+    plain = tile_matmul("PREC")  # a matmul on the anchor weights
 
     def dual(op, i, w, h):  # a matmul on each token's own weights, (2)
         if op in ("layer", "linear"):
