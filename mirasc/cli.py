@@ -1,4 +1,4 @@
-"""Command line: `mirasc compile | check | explain | demo`. Exit codes: 0 ok, 2 bad spec, 1 internal error."""
+"""Command line: `mirasc compile | check | explain | demo | explore | train | kernels`. Exit codes: 0 ok, 2 bad spec, 1 internal error."""
 
 from __future__ import annotations
 
@@ -130,6 +130,49 @@ def cmd_demo(args) -> int:
     return 0
 
 
+KERNELS_HELP = """\
+Compile, for a real GPU target and without a GPU, every Triton kernel the spec's module launches
+(backend="triton", each algorithm it has, forward and backward) in every configuration its autotuner
+may try, and report registers, spill bytes, shared memory, whether it fits the target's per-block
+shared memory (sm_80 163 KB, sm_90/sm_100 227 KB), tensor-core use and compile time. `kept` marks the
+configurations the module's resource model lets a GPU of that target launch.
+
+Exit status: 0 when every kernel has a kept configuration that fits and every kept one fits; 3 when
+not (a kernel that cannot launch, or a resource model that lets an oversized configuration through);
+2 for a bad spec. Honest compile times need an empty Triton cache (TRITON_CACHE_DIR).
+"""
+
+
+def cmd_kernels(args) -> int:
+    import json
+    import os
+    from dataclasses import asdict
+
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET"):
+        print("error: mirasc kernels compiles for a GPU; run it without TRITON_INTERPRET=1", file=sys.stderr)
+        return 2
+    os.environ.pop("TRITON_INTERPRET", None)
+    from . import kernel_report as kr
+
+    status, every = 0, []
+    for spec in args.spec:
+        _load(spec)  # a bad spec is reported like everywhere else (exit 2)
+        print(f"== {spec}: {args.target}, Dk={args.dk} Dv={args.dv or args.dk}, {args.dtype}, T={args.length}")
+        rows = kr.report(spec, target=args.target, dk=args.dk, dv=args.dv or args.dk, dtype=args.dtype,
+                         T=args.length, chunk=args.chunk, which="extremes" if args.extremes else "all",
+                         algorithms=args.algorithm)
+        print(kr.format_rows(rows) if args.all else kr.format_summary(kr.summarize(rows)))
+        for s in kr.summarize(rows):
+            if s["kept_fit"] == 0 or s["kept_not_fit"]:
+                print(f"{spec}: {s['kernel']}: {s['kept_fit']} kept configurations fit, {s['kept_not_fit']} kept "
+                      f"do not", file=sys.stderr)
+                status = 3
+        every += [dict(asdict(r), spec=spec, target=args.target) for r in rows]
+    if args.json:
+        Path(args.json).write_text(json.dumps(every, indent=1), encoding="utf-8")
+    return status
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mirasc", description="Compile Miras sequence-model specs into "
                                      "standalone PyTorch modules.", epilog=LANGUAGE_GUIDE,
@@ -164,6 +207,23 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32)
     p.set_defaults(fn=cmd_demo)
+    p = sub.add_parser("kernels", help="compile every Triton kernel a spec launches for a GPU target (no GPU needed) "
+                       "and report registers, spills, shared memory and whether it fits",
+                       description=KERNELS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", nargs="+")
+    p.add_argument("--target", default="sm_90", choices=["sm_80", "sm_86", "sm_89", "sm_90", "sm_100"])
+    p.add_argument("--dk", type=int, default=64, help="key head size (default 64)")
+    p.add_argument("--dv", type=int, default=None, help="value head size (default: --dk)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--chunk", type=int, default=None, help="chunk_size for specs whose chunk is a schedule choice")
+    p.add_argument("--length", type=int, default=256, help="sequence length of the traced call (default 256)")
+    p.add_argument("--algorithm", choices=["chunked", "recurrent"], action="append", default=None,
+                   help="trace only this algorithm (repeatable; default: every algorithm the spec has)")
+    p.add_argument("--all", action="store_true", help="one line per compiled configuration, not per kernel")
+    p.add_argument("--extremes", action="store_true", help="compile only the first (safest) and last (largest) "
+                   "configuration the resource model keeps per autotuned kernel (a quick check)")
+    p.add_argument("--json", default=None, help="also write every row as JSON to this file")
+    p.set_defaults(fn=cmd_kernels)
     args = parser.parse_args(argv)
 
     from .frontend import SpecError

@@ -49,15 +49,20 @@ def check(mod, shape, chunk, tol=1e-5):
         t.requires_grad_(True)
     kw = {} if mod.MINIBATCH_SIZE else {"chunk_size": chunk}
     o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", **kw)
-    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
-    assert rel(o, ref) < tol
-    assert rel(final["W"], ref_final["W"]) < tol
-    w, wf = torch.randn_like(ref), torch.randn_like(ref_final["W"])
+    # the reference: the token-by-token torch recurrence in float64 on the same inputs
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rq, rk, rv, *rg, rw = ref_leaves
+    ref, ref_final = mod.apply(rq, rk, rv, dict(zip(gates, rg)), state={"W": rw}, backend="torch",
+                               algorithm="recurrent")
+    assert rel(o.double(), ref) < tol
+    assert rel(final["W"].double(), ref_final["W"]) < tol
+    gen = torch.Generator().manual_seed(1)
+    w, wf = torch.randn(ref.shape, generator=gen), torch.randn(ref_final["W"].shape, generator=gen)
     grads = torch.autograd.grad((o * w).sum() + (final["W"] * wf).sum(), leaves)
-    ref_grads = torch.autograd.grad((ref * w).sum() + (ref_final["W"] * wf).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref * w.double()).sum() + (ref_final["W"] * wf.double()).sum(), ref_leaves)
     names = ["q", "k", "v", *gates, "W0"]
     for n, a, b in zip(names, grads, ref_grads):
-        assert rel(a, b) < tol, n
+        assert rel(a.double(), b) < tol, n
 
 
 def compile_named(name):
@@ -97,11 +102,22 @@ def test_triton_default_is_the_chunked_kernel():
     a, _ = mod.apply(q, k, v, gates, state=state, backend="triton")
     b, _ = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked")
     assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="power of two"):
-        mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", chunk_size=24)
-    # a chunk the kernels cannot tile falls back to the recurrent kernel under "auto"
-    c, _ = mod.apply(q, k, v, gates, state=state, backend="triton", chunk_size=24)
-    assert rel(c, a) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["deltanet", "mamba2"])
+@pytest.mark.parametrize("chunk", [1, 5, 24])
+def test_any_chunk_length_tiles(name, chunk):
+    """A chunk that is not a power of two >= 16 is one zero-padded tile of the kernels (same function)."""
+    check(compile_named(name), (1, 29, 2, 40, 20), chunk=chunk)  # Dk = 40: two K blocks in the scans
+
+
+@pytest.mark.parametrize("C", [1, 3, 4, 8, 16, 64])
+def test_minibatch_any_size(C):
+    """Every minibatch(C) runs on the chunk kernels (the mini-batch is the chunk, padded to a tile)."""
+    mod = mirasc.compile_spec(f"model mb{C} {{\n{VARIANTS['minibatch_decay'].replace('minibatch(16)', f'minibatch({C})')}"
+                              "\n}\n")
+    mod.MINIBATCH_SIZE = C
+    check(mod, (1, 70, 2, 8, 16), chunk=C)
 
 
 def test_triton_chunked_fp16_inputs():

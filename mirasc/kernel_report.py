@@ -1,0 +1,250 @@
+"""`mirasc kernels`: compile every Triton kernel a module launches for a real GPU target, on any machine.
+
+No GPU is needed. The module is run once on CPU tensors with `backend="triton"` (forward and backward);
+each kernel launch is intercepted instead of executed (outputs are garbage, only which kernels launch
+with which argument types and constants matters) and compiled ahead of time with `triton.compile` for
+`GPUTarget("cuda", arch, 32)`, once per configuration a GPU could run it with: the section's autotuning
+space (`*_AUTOTUNE` tables of the emitted module: kernel name -> space(args, smem_limit) -> configs)
+without pruning, so the report also shows what the resource model rejects, or, for kernels that are not
+autotuned, the configuration launched. The cubin's registers and spill stack come from the `cuobjdump`
+that ships with Triton; shared memory from the compiled kernel's metadata; tensor-core use from the PTX
+(`wgmma` on sm_90, `mma.sync` on sm_80).
+
+A row "fits" when its shared memory is within the target's per-block limit and nothing failed to
+compile. `kept` says whether the module's resource model would let a GPU of that target launch it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+# Per-block shared memory a kernel may opt into, by target (bytes); the register file is 64K 32-bit
+# registers per SM on all of them (255 per thread at most).
+TARGETS = {"sm_80": (80, 166912), "sm_86": (86, 101376), "sm_89": (89, 101376), "sm_90": (90, 232448),
+           "sm_100": (100, 232448)}
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+@dataclass
+class Row:
+    kernel: str
+    config: dict
+    kept: bool | None = None  # None: the kernel is not autotuned (the launched configuration)
+    ok: bool = False
+    registers: int = -1
+    spill_bytes: int = -1
+    shared_bytes: int = -1
+    fits: bool = False
+    tensor_cores: bool = False
+    compile_s: float = 0.0
+    error: str = ""
+    direction: str = "fwd"
+    extra: dict = field(default_factory=dict)
+
+
+def _bin_dir():
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def _cubin_resources(cubin: bytes) -> tuple[int, int]:
+    """(registers, spill stack bytes) of the largest function in a cubin."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), "--dump-resource-usage", path],
+                              capture_output=True, text=True, check=False).stdout
+
+    def largest(key):
+        return max([int(x) for x in re.findall(rf"{key}:(\d+)", text)] or [-1])
+
+    return largest("REG"), largest("STACK")
+
+
+def _signature(fn, bound: dict):
+    import torch
+
+    types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+             torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8"}
+    sig, const = {}, {}
+    for p in fn.params:
+        v = bound.get(p.name, p.default if p.has_default else None)
+        if p.is_constexpr or v is None:
+            sig[p.name], const[p.name] = "constexpr", v
+        elif isinstance(v, torch.Tensor):
+            sig[p.name] = "*" + types[v.dtype]
+        elif isinstance(v, bool):
+            sig[p.name] = "i1"
+        elif isinstance(v, int):
+            sig[p.name] = "i32" if -2**31 <= v < 2**31 else "i64"
+        elif isinstance(v, float):
+            sig[p.name] = "fp32"
+        else:
+            raise TypeError(f"{fn.fn.__name__}: argument {p.name} of type {type(v).__name__}")
+    return sig, const
+
+
+def _autotune_tables(module) -> dict:
+    tables = {}
+    for name in sorted(vars(module)):
+        if name.endswith("_AUTOTUNE") and isinstance(getattr(module, name), dict):
+            tables.update(getattr(module, name))
+    return tables
+
+
+def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk=None, algorithms=None,
+           heads=2, which="all", on_row=None) -> list[Row]:
+    """Compile, for `target`, every kernel the module of `spec` (a path or spec text) launches with
+    backend="triton" for each algorithm it has, forward and backward, at head sizes dk/dv.
+    which="all": every configuration of each autotuning space; "extremes": only the first and the last
+    configuration the resource model keeps (the spaces are ordered from the safest, smallest tiles, to
+    the one nearest the limits), which is what a quick check of the model and of spills needs."""
+    if os.environ.get("TRITON_INTERPRET"):
+        raise RuntimeError("mirasc kernels compiles for a GPU: unset TRITON_INTERPRET before triton is imported")
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from .compiler import compile_spec
+
+    arch, smem_limit = TARGETS[target]
+    gpu = GPUTarget("cuda", arch, 32)
+    module = compile_spec(spec)
+    tables = _autotune_tables(module)
+    rows: list[Row] = []
+    seen = set()
+    direction = ["fwd"]
+
+    def compile_one(fn, bound, options, config_label, kept):
+        sig, const = _signature(fn, bound)
+        key = (fn.fn.__name__, json.dumps(sig, sort_keys=True), repr(sorted(const.items(), key=str)),
+               repr(sorted(options.items())))
+        if key in seen:
+            return
+        seen.add(key)
+        row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=direction[0])
+        t0 = time.perf_counter()
+        try:
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=gpu, options=options)
+            row.registers, row.spill_bytes = _cubin_resources(k.asm["cubin"])
+            row.shared_bytes = int(k.metadata.shared)
+            row.ok = True
+            row.fits = row.shared_bytes <= smem_limit
+            ptx = k.asm["ptx"]
+            row.tensor_cores = "wgmma" in ptx or "mma.sync" in ptx
+        except Exception as err:  # a compile error or out of resources: reported, not raised
+            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((".", "/", "$"))]
+            row.error = (lines[0] if lines else type(err).__name__)[:200]
+        row.compile_s = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    def intercept(self, *args, grid=None, warmup=False, **kwargs):
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
+        bound = dict(zip([p.name for p in self.params], args))
+        bound.update(kwargs)
+        name = self.fn.__name__
+        if name in tables:
+            full = tables[name](bound, None)  # the whole space, unpruned
+            kept_list = tables[name](bound, smem_limit)
+            kept = {json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) for c in kept_list}
+            if which == "extremes":
+                full = kept_list[:1] + kept_list[1:][-1:]
+            for c in full:
+                b = dict(bound)
+                b.update(c.kwargs)
+                label = dict(c.kwargs, warps=c.num_warps, stages=c.num_stages)
+                compile_one(self, b, {"num_warps": c.num_warps, "num_stages": c.num_stages}, label,
+                            json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) in kept)
+        else:
+            label = {p.name: bound[p.name] for p in self.params if p.is_constexpr and isinstance(
+                bound.get(p.name), (bool, int))}
+            label.update(warps=options.get("num_warps", 4), stages=options.get("num_stages", 3))
+            compile_one(self, bound, options, label, None)
+        return None
+
+    torch_dtype = getattr(torch, dtype)
+    algos = algorithms or _algorithms(module)
+    saved_run = JITFunction.run
+    JITFunction.run = intercept
+    try:
+        for algorithm in algos:
+            g = torch.Generator().manual_seed(0)
+            q, k = (torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_() for _ in range(2))
+            v = torch.randn(1, T, heads, dv, generator=g).to(torch_dtype).requires_grad_()
+            gates = {n: torch.rand(1, T, heads, generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
+            kw = {} if chunk is None else {"chunk_size": chunk}
+            direction[0] = "fwd"
+            if hasattr(module, "WEIGHTS"):
+                o, _ = module.apply(q, k, v, gates, backend="triton", algorithm=algorithm, **kw)
+            else:  # a nonparametric memory (attention)
+                o = module.apply(q, k, v, backend="triton")
+                o = o[0] if isinstance(o, tuple) else o
+            direction[0] = "bwd"
+            o.float().sum().backward()
+    finally:
+        JITFunction.run = saved_run
+    return rows
+
+
+def _algorithms(module) -> list[str]:
+    """The algorithms a module runs on the Triton backend (each may launch different kernels)."""
+    if not hasattr(module, "WEIGHTS"):
+        return ["auto"]
+    return ["chunked", "recurrent"] if getattr(module, "CHUNKED", False) else ["recurrent"]
+
+
+def summarize(rows: list[Row]) -> list[dict]:
+    """Per kernel: how many configurations were compiled, kept, fit; the kept one with the least spill
+    and most tensor-core use; the slowest compile."""
+    out = []
+    for name in dict.fromkeys(r.kernel for r in rows):
+        rs = [r for r in rows if r.kernel == name]
+        kept = [r for r in rs if r.kept is not False]
+        fitting = [r for r in kept if r.ok and r.fits]
+        best = min(fitting, key=lambda r: (r.spill_bytes, -r.tensor_cores, r.registers), default=None)
+        out.append({"kernel": name, "direction": rs[0].direction, "configs": len(rs), "kept": len(kept),
+                    "kept_fit": len(fitting), "kept_not_fit": len(kept) - len(fitting),
+                    "best": None if best is None else asdict(best),
+                    "max_compile_s": max(r.compile_s for r in rs)})
+    return out
+
+
+def format_rows(rows: list[Row]) -> str:
+    lines = [f"{'kernel':<28} {'dir':<4} {'config':<42} {'kept':<5} {'regs':>4} {'spill':>6} {'smem KB':>8} "
+             f"{'fits':<5} {'TC':<3} {'compile s':>9}"]
+    for r in rows:
+        cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
+        kept = "-" if r.kept is None else ("yes" if r.kept else "no")
+        if not r.ok:
+            lines.append(f"{r.kernel:<28} {r.direction:<4} {cfg:<42} {kept:<5} FAILED: {r.error}")
+            continue
+        lines.append(f"{r.kernel:<28} {r.direction:<4} {cfg:<42} {kept:<5} {r.registers:>4} {r.spill_bytes:>6} "
+                     f"{r.shared_bytes / 1024:>8.1f} {'yes' if r.fits else 'NO':<5} "
+                     f"{'yes' if r.tensor_cores else 'no':<3} {r.compile_s:>9.1f}")
+    return "\n".join(lines)
+
+
+def format_summary(summary: list[dict]) -> str:
+    lines = [f"{'kernel':<28} {'dir':<4} {'configs':>7} {'kept':>5} {'kept&fit':>8}  best kept config "
+             "(regs / spill B / smem KB / tensor cores)   max compile s"]
+    for s in summary:
+        b = s["best"]
+        best = "none fits" if b is None else (
+            " ".join(f"{k}={v}" for k, v in b["config"].items())
+            + f"  ({b['registers']} / {b['spill_bytes']} / {b['shared_bytes'] / 1024:.1f} / "
+              f"{'yes' if b['tensor_cores'] else 'no'})")
+        lines.append(f"{s['kernel']:<28} {s['direction']:<4} {s['configs']:>7} {s['kept']:>5} {s['kept_fit']:>8}  "
+                     f"{best}   {s['max_compile_s']:.1f}")
+    return "\n".join(lines)
