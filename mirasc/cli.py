@@ -1,4 +1,6 @@
-"""Command line: `mirasc compile | check | explain | demo | explore | train | kernels`. Exit codes: 0 ok, 2 bad spec, 1 internal error."""
+"""Command line: `mirasc compile | check | explain | demo | explore | train | kernels`.
+
+Exit codes: 0 ok, 2 bad spec, 1 internal error (`kernels`: 3 when a kernel does not fit its target)."""
 
 from __future__ import annotations
 

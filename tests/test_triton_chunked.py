@@ -114,8 +114,8 @@ def test_any_chunk_length_tiles(name, chunk):
 @pytest.mark.parametrize("C", [1, 3, 4, 8, 16, 64])
 def test_minibatch_any_size(C):
     """Every minibatch(C) runs on the chunk kernels (the mini-batch is the chunk, padded to a tile)."""
-    mod = mirasc.compile_spec(f"model mb{C} {{\n{VARIANTS['minibatch_decay'].replace('minibatch(16)', f'minibatch({C})')}"
-                              "\n}\n")
+    body = VARIANTS["minibatch_decay"].replace("minibatch(16)", f"minibatch({C})")
+    mod = mirasc.compile_spec(f"model mb{C} {{\n{body}\n}}\n")
     mod.MINIBATCH_SIZE = C
     check(mod, (1, 70, 2, 8, 16), chunk=C)
 

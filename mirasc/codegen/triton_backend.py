@@ -17,9 +17,9 @@ reversed once in the skeleton (incl. the whole-matrix lq and row-softmax kl read
 
 Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Triton: linear memories whose
 update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
-and mini-batch l2 — with none/decay retention. One kernel pair serves all three (a scan over chunks
-with W_0 checkpoints, a reverse sweep for the backward); the families differ only in the chunk-local
-torch preparation (`chunk_family`), which autograd differentiates.
+and mini-batch l2 — with none/decay retention. One set of four kernels serves all three (a state scan
+over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
+only in the chunk-local torch preparation (`chunk_family`), which autograd differentiates.
 """
 
 from __future__ import annotations
