@@ -95,11 +95,15 @@ def cmd_demo(args) -> int:
 
     from . import compiler
 
+    B, T, H, D = args.batch, args.length, args.heads, args.dim
+    small = [f"--{n} {val}" for n, val in (("batch", B), ("length", T), ("heads", H), ("dim", D)) if val < 1]
+    if small:
+        print(f"mirasc demo: {', '.join(small)}: sizes must be >= 1", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     compiled = _load(args.spec)
     mod = compiler.load_source(compiled.source, compiled.spec.name)
     t_compile = time.perf_counter() - t0
-    B, T, H, D = args.batch, args.length, args.heads, args.dim
     gen = torch.Generator().manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
@@ -118,16 +122,29 @@ def cmd_demo(args) -> int:
             print("chunked:   not available for this spec (exact per-token dependence)")
             continue
         t = time.perf_counter()
-        o, state = mod.apply(q, k, v, gates, algorithm=algo)
+        try:
+            o, state = mod.apply(q, k, v, gates, algorithm=algo)
+        except ValueError as err:  # the op rejects these sizes (e.g. head_mix needs a multiple of heads)
+            print(f"mirasc demo: {args.spec} cannot run at B={B} T={T} H={H} D={D}: {err}", file=sys.stderr)
+            return 2
         dt = time.perf_counter() - t
         results[algo] = o
-        sizes = ", ".join(f"{n} {list(w.shape)}" for n, w in state.items())
-        print(f"{algo:<10} {dt * 1e3:8.1f} ms  ‖o‖ = {o.norm():.4f}  final state: {sizes}")
+        print(f"{algo:<10} {dt * 1e3:8.1f} ms  ‖o‖ = {o.norm():.4f}  final state: {_describe_state(state)}")
     if len(results) == 2:
         a, b = results["chunked"], results["recurrent"]
         print(f"chunked vs recurrent: relative error {(a - b).norm() / b.norm():.2e}")
-    # one step of recall: how well does the final memory map the last keys to their values?
     return 0
+
+
+def _describe_state(state) -> str:
+    """Parametric memories return weight tensors; attention returns its cache (tensors and the start
+    position), or None when it reads another sequence (causal=false) and keeps no cache."""
+    if state is None:
+        return "none (causal=false reads the given k, v; there is no cache to continue)"
+    parts = []
+    for name, value in state.items():
+        parts.append(f"{name} {list(value.shape)}" if hasattr(value, "shape") else f"{name} = {value}")
+    return ", ".join(parts)
 
 
 def main(argv=None) -> int:

@@ -244,15 +244,18 @@ class Spec(BaseModel):
         """Canonical spec text: every parameter written out, one field per line."""
         lines = [f"model {self.name} {{"]
         for field in FIELDS:
-            form = getattr(self, field)
-            args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
-            text = form.kind + (f"({', '.join(args)})" if args else "")
-            lines.append(f"    {field:<9} = {text}")
+            lines.append(f"    {field:<9} = {form_text(getattr(self, field))}")
         if self.layer != LayerOptions():
             opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p != "kind")
             lines.append(f"    layer {{ {opts} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def form_text(form: Form) -> str:
+    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`."""
+    args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
+    return form.kind + (f"({', '.join(args)})" if args else "")
 
 
 def format_value(v: Any) -> str:

@@ -326,6 +326,37 @@ def load_checkpoint_into(ckpt: dict, model, optimizer):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+# TrainConfig fields that decide the model's parameters (and so the checkpoint's tensors)
+MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
+
+
+def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
+    """A checkpoint continues only the model it was saved from: the same design (spec) and the same sizes.
+    Raises ValueError naming every difference (instead of load_state_dict's key and shape dump)."""
+    import mirasc
+    from mirasc import spec as S
+
+    mine, theirs = mirasc.parse_text(text), mirasc.parse_text(ckpt["spec"], str(src))
+    diffs = []
+    for part in ("memory", "bias", "retention", "learner", "parallel"):
+        a, b = getattr(theirs, part), getattr(mine, part)
+        if a != b:
+            diffs.append(f"{part} `{S.form_text(a)}` in the checkpoint, `{S.form_text(b)}` here")
+    for option, a in theirs.layer:
+        b = getattr(mine.layer, option)
+        if a != b:
+            diffs.append(f"layer option {option} = {S.format_value(a)} in the checkpoint, {S.format_value(b)} here")
+    saved = config_from(ckpt["config"])
+    for name in MODEL_FIELDS:
+        a, b = getattr(saved, name), getattr(cfg, name)
+        if a != b:
+            diffs.append(f"{name} {json.dumps(a)} in the checkpoint, {json.dumps(b)} here")
+    if diffs:
+        raise ValueError(f"--resume {src}: the checkpoint is of another model (spec `{theirs.name}`, "
+                         f"step {ckpt['step']}): " + "; ".join(diffs) + ". Resume with the same spec and sizes, "
+                         "or start a new run in another --out-dir")
+
+
 def load_model(path: str | Path, map_location="cpu"):
     """The LanguageModel stored in a checkpoint (for sampling or evaluation)."""
     from mirasc.models import build
@@ -425,9 +456,14 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
     ckpt = None
     if resume is not None:
         src = ckpt_path if resume == "auto" else Path(resume)
+        if src.is_dir():  # a run directory: its checkpoint
+            src = src / CHECKPOINT
         if src.exists():
             ckpt = torch.load(src, map_location="cpu", weights_only=False)
+            if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config", "spec"} <= set(ckpt):
+                raise ValueError(f"--resume {src}: not a mirasc train checkpoint")
             cfg = config_from(config or ckpt["config"], config_file, overrides)
+            check_resumable(ckpt, text, cfg, src)
             out_dir = Path(cfg.out_dir or out_dir)
             ckpt_path = out_dir / CHECKPOINT
         elif resume != "auto":
