@@ -188,7 +188,8 @@ def main(argv=None) -> int:
     try:
         return args.fn(args)
     except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
+        for e in err.all:  # every error the front end found, one per line
+            print(f"error: {e.path}:{e.line}:{e.col}: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

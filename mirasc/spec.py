@@ -7,12 +7,10 @@ combinations without a defined meaning) live in `check_combination`, each with i
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
-import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field
-from sympy.printing.precedence import precedence
-from sympy.printing.str import StrPrinter
 
 GATE = "gate"
 Coef = Literal["gate"] | float
@@ -265,38 +263,46 @@ def format_value(v: Any) -> str:
         return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
-    if isinstance(v, sp.Basic):
-        return SpecPrinter().doprint(v)
+    sympy = sys.modules.get("sympy")  # an expression exists only if sympy was imported to build it
+    if sympy is not None and isinstance(v, sympy.Basic):  # a custom loss, a Bregman potential
+        return _spec_printer().doprint(v)
     if v is None:
         return "default"
     return str(v)
 
 
-class SpecPrinter(StrPrinter):
-    """Prints an expression back in the spec language (so canonical() text parses again)."""
+def _spec_printer():
+    """Prints an expression back in the spec language (so canonical() text parses again). Built on first
+    use: sympy is imported only for specs that contain expressions (`mirasc check` stays fast)."""
+    import sympy as sp
+    from sympy.printing.precedence import precedence
+    from sympy.printing.str import StrPrinter
 
-    def _print_apow(self, expr):
-        x, a = expr.args
-        return f"abs({self._print(x)})" if a == 1 else f"abs({self._print(x)})^({self._print(a)})"
+    class SpecPrinter(StrPrinter):
+        def _print_apow(self, expr):
+            x, a = expr.args
+            return f"abs({self._print(x)})" if a == 1 else f"abs({self._print(x)})^({self._print(a)})"
 
-    def _print_spow(self, expr):
-        x, a = expr.args
-        return f"sign({self._print(x)})*abs({self._print(x)})^({self._print(a)})"
+        def _print_spow(self, expr):
+            x, a = expr.args
+            return f"sign({self._print(x)})*abs({self._print(x)})^({self._print(a)})"
 
-    def _print_Abs(self, expr):
-        return f"abs({self._print(expr.args[0])})"
+        def _print_Abs(self, expr):
+            return f"abs({self._print(expr.args[0])})"
 
-    def _print_Exp1(self, expr):
-        return "exp(1)"
+        def _print_Exp1(self, expr):
+            return "exp(1)"
 
-    def _print_Pow(self, expr, rational=False):
-        base, ex = expr.args
-        if ex == sp.Rational(1, 2):
-            return f"sqrt({self._print(base)})"
-        return f"{self.parenthesize(base, precedence(expr), strict=True)}^({self._print(ex)})"
+        def _print_Pow(self, expr, rational=False):
+            base, ex = expr.args
+            if ex == sp.Rational(1, 2):
+                return f"sqrt({self._print(base)})"
+            return f"{self.parenthesize(base, precedence(expr), strict=True)}^({self._print(ex)})"
 
-    def _print_Float(self, expr):
-        return repr(float(expr))
+        def _print_Float(self, expr):
+            return repr(float(expr))
+
+    return SpecPrinter()
 
 
 class Rejection(Exception):

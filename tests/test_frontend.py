@@ -32,7 +32,7 @@ def reject(text: str, path: str = "t.miras") -> SpecError:
     with pytest.raises(SpecError) as info:
         compile_text(text, path)
     err = info.value
-    assert str(err) == f"{path}:{err.line}:{err.col}: {err.message}"
+    assert str(err) == "\n".join(f"{path}:{e.line}:{e.col}: {e.message}" for e in err.all)
     assert "Traceback" not in str(err)
     return err
 
