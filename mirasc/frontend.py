@@ -18,7 +18,9 @@ from pydantic import ValidationError
 from . import spec as S
 from .messages import plain_failure
 
-_PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True)
+# cache=True keeps lark's grammar analysis in a temporary file: later runs load it in milliseconds
+_PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True,
+                    cache=True)
 
 
 class SpecError(Exception):
@@ -90,6 +92,17 @@ def parse_file(path: str | Path) -> S.Spec:
     except (OSError, UnicodeDecodeError) as err:
         raise SpecError(str(path), 1, 1, f"cannot read spec file: {err.__class__.__name__}: {err}") from None
     return parse_text(text, str(path))
+
+
+def read_spec(text_or_path: str | Path) -> tuple[str, str]:
+    """(text, path) of a spec given as text or as a path to a .miras file."""
+    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
+        p = Path(text_or_path)
+        try:
+            return p.read_text(encoding="utf-8"), str(p)
+        except (OSError, UnicodeDecodeError) as err:
+            raise SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
+    return str(text_or_path), "<spec>"
 
 
 def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:

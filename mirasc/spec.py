@@ -217,6 +217,13 @@ class Spec(BaseModel):
         return out
 
     @property
+    def has_expressions(self) -> bool:
+        """Whether a parameter is an expression (custom loss, Bregman potential): only the symbolic
+        derivation can tell whether such a spec is usable."""
+        return any((field, getattr(self, field).kind, param) in EXPRESSION_PARAMS
+                   for field in FIELDS for param in params_of(type(getattr(self, field))))
+
+    @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
         return tuple(g for g in GATE_ORDER if coefs.get(g) == GATE)
