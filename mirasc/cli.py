@@ -93,7 +93,10 @@ def cmd_explain(args) -> int:
     from .explain import equations
 
     compiled = _load(args.spec)
-    print(compiled.spec.canonical())
+    if args.latex:
+        print("\\begin{verbatim}\n" + compiled.spec.canonical() + "\\end{verbatim}\n")
+    else:
+        print(compiled.spec.canonical())
     for line in equations(compiled.spec, compiled.derivation, latex=args.latex):
         print(line)
     return 0

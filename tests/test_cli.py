@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 GOOD = "model m {\n    memory = linear\n    bias = l2\n    learner = gd(lr=gate)\n}\n"
 BAD = "model m {\n    memory = linear\n    bias = lp(p=0.5)\n}\n"
+BUNDLED = sorted(p.stem for p in SPECS.glob("*.miras"))
 
 
 def write(tmp_path: Path, text: str, name: str = "x.miras") -> Path:
@@ -200,6 +201,23 @@ def test_explain_latex(capsys):
     assert "\\" in out and "\\sqrt" in out and "\\operatorname{erf}" in out
 
 
+@pytest.mark.parametrize("name", BUNDLED)
+def test_explain_latex_converts_every_line(name, capsys):
+    """--latex: the spec in a verbatim block, then every equation line `label: $...$` in plain ASCII
+    (no Unicode left over), with balanced braces and math delimiters."""
+    assert main(["explain", str(SPECS / f"{name}.miras"), "--latex"]) == 0
+    out = capsys.readouterr().out
+    verbatim, equations = out.split("\\end{verbatim}\n")
+    assert verbatim.startswith("\\begin{verbatim}\nmodel ")
+    lines = [line for line in equations.splitlines() if line.strip()]
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.isascii(), line
+        label, math = line.split(": ", 1)
+        assert re.fullmatch(r"[A-Za-z][\w \-]*", label) and math.startswith("$") and math.endswith("$"), line
+        assert math.count("$") == 2 and math.count("{") == math.count("}"), line
+
+
 def test_explain_bad_spec_exit_2(tmp_path, capsys):
     assert main(["explain", str(write(tmp_path, BAD))]) == 2
     assert capsys.readouterr().out == ""
@@ -237,7 +255,6 @@ def test_demo_bad_spec_exit_2(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------ every command, every spec
-BUNDLED = sorted(p.stem for p in SPECS.glob("*.miras"))
 
 
 @pytest.mark.parametrize("name", BUNDLED)

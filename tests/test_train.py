@@ -247,3 +247,14 @@ def test_resume_into_another_spec_or_size_names_the_difference(tmp_path, capsys)
     assert main(["train", SPEC, "--resume", "--out-dir", str(run_dir)] + bigger) == 2
     err = capsys.readouterr().err
     assert "d_model 16 in the checkpoint, 32 here" in err and "memory" not in err
+
+
+def test_default_warmup_ends_within_a_short_run():
+    """Unset, the warm-up is min(20, steps // 10): a 20-step run warms up for 2 steps and then decays."""
+    short = mtrain.TrainConfig(steps=20)
+    assert short.warmup_steps == 2 and mtrain.TrainConfig().warmup_steps == mtrain.DEFAULT_WARMUP == 20
+    lrs = [mtrain.lr_at(s, short) for s in range(20)]
+    assert lrs[1] == pytest.approx(short.lr) and lrs[-1] == pytest.approx(short.min_lr)
+    assert mtrain.TrainConfig(steps=20, warmup=5).warmup_steps == 5
+    with pytest.raises(ValueError, match=r"warmup \(20\) must be shorter than steps \(20\)"):
+        mtrain.config_from(overrides={"steps": 20, "warmup": 20})
