@@ -1,4 +1,7 @@
-"""Command line: `mirasc compile | check | explain | demo`. Exit codes: 0 ok, 2 bad spec, 1 internal error."""
+"""Command line: `mirasc compile | check | explain | demo | train | explore`, one subparser each.
+Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted.
+
+Only the handlers import torch (and through it triton), so `mirasc --help` and `mirasc check` stay fast."""
 
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
 
 A coefficient written `gate` is a per-token input of the compiled op ([B, T, H]) named by its role:
 eta (lr), alpha (retention), theta (momentum), delta (Huber); a number makes it a constant.
+
+The manual is docs/ in the mirasc repository: language.md, semantics.md, module-api.md, cli.md.
 """
 
 

@@ -95,7 +95,7 @@ def latex_line(line: str) -> str:
 
 
 def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
-    """The update rule of one token, step by step (CONTRACT §3), with the derived pieces; with latex=True
+    """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
     lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory)
     return [latex_line(line) for line in lines] if latex else lines

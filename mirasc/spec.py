@@ -16,7 +16,7 @@ GATE = "gate"
 Coef = Literal["gate"] | float
 """A coefficient: the word `gate` (a per-token input of the op) or a constant number."""
 
-# Gate names are fixed by role (CONTRACT section 1). Parameter name -> gate name.
+# Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
 GATE_ORDER = ("eta", "alpha", "theta", "delta")
 # Accepted constant values of each coefficient (the same ranges the Layer's gates produce).
@@ -49,7 +49,7 @@ class MLP(Form):
 
 
 class Nonparametric(Form):
-    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (CONTRACT §5)."""
+    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (docs/semantics.md)."""
 
     kind: Literal["nonparametric"] = "nonparametric"
     kernel: Literal["softmax", "additive", "poly"] = "softmax"
@@ -173,7 +173,8 @@ FIELD_DEFAULTS = {"retention": NoRetention(), "learner": GD(), "parallel": Exact
 
 
 class LayerOptions(Form):
-    """The layer around the memory op (CONTRACT §2 `Layer`); defaults of `Layer(d_model, num_heads, **options)`."""
+    """The layer around the memory op (docs/module-api.md, `Layer`): the defaults of
+    `Layer(d_model, num_heads, **options)`."""
 
     kind: Literal["layer"] = "layer"
     conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
