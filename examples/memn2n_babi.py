@@ -250,7 +250,7 @@ def parse(argv):
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--eval-n", dest="eval_n", type=int, default=None)
     p.add_argument("--hops", default="1,3", help="comma-separated hop counts to train and compare")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (the results are still printed)")
     a = p.parse_args(argv)
     tiny = dict(steps=250, dim=24, batch=32, mem=6, eval_n=200)
     real = dict(steps=2500, dim=40, batch=64, mem=10, eval_n=1000)
@@ -273,14 +273,14 @@ def main(argv=None):
             print(f"training MemN2N with {hops} hop(s) ({args.steps} steps, d={args.dim}, memory {args.mem})",
                   flush=True)
         results[hops] = train_one(mod, args, f"{hops} hop", not args.quiet)
-    if not args.quiet:
-        print("\nheld-out accuracy per task (chance in brackets)")
-        print(f"{'task':26s}" + "".join(f"{f'{h} hop(s)':>12s}" for h in results))
-        for name in TASKS:
-            print(f"{name + f' [{CHANCE[name]:.2f}]':26s}" + "".join(f"{r['acc'][name]:12.3f}"
-                                                                    for r in results.values()))
-        print(f"{'train loss first->last':26s}" + "".join(f"{r['loss_first']:5.2f}->{r['loss_last']:4.2f}"
-                                                          for r in results.values()))
+    # --quiet drops the progress lines only: the results are what a run is for
+    print("\nheld-out accuracy per task (chance in brackets)")
+    print(f"{'task':26s}" + "".join(f"{f'{h} hop(s)':>12s}" for h in results))
+    for name in TASKS:
+        print(f"{name + f' [{CHANCE[name]:.2f}]':26s}" + "".join(f"{r['acc'][name]:12.3f}"
+                                                                for r in results.values()))
+    print(f"{'train loss first->last':26s}" + "".join(f"{r['loss_first']:5.2f}->{r['loss_last']:4.2f}"
+                                                      for r in results.values()))
     return results
 
 

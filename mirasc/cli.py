@@ -1,6 +1,8 @@
-"""Command line: `mirasc compile | check | explain | demo | explore | train | kernels`.
+"""Command line: `mirasc compile | check | explain | demo | train | explore | kernels`, one subparser each.
+Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted;
+`kernels`: 3 when a kernel does not fit its target.
 
-Exit codes: 0 ok, 2 bad spec, 1 internal error (`kernels`: 3 when a kernel does not fit its target)."""
+Only the handlers import torch (and through it triton), so `mirasc --help` and `mirasc check` stay fast."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import argparse
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 LANGUAGE_GUIDE = """\
@@ -32,13 +35,15 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
 
 A coefficient written `gate` is a per-token input of the compiled op ([B, T, H]) named by its role:
 eta (lr), alpha (retention), theta (momentum), delta (Huber); a number makes it a constant.
+
+The manual is docs/ in the mirasc repository: language.md, semantics.md, module-api.md, cli.md.
 """
 
 
 def _load(path: str):
-    from . import compiler
+    from . import compiler, frontend
 
-    text, p = compiler._read(Path(path))
+    text, p = frontend.read_spec(Path(path))
     return compiler.compile_text(text, p)
 
 
@@ -74,8 +79,17 @@ def _model_source() -> str:
 
 
 def cmd_check(args) -> int:
-    compiled = _load(args.spec)
-    s = compiled.spec
+    """Parse and validate without generating code. A spec with an expression (custom loss, Bregman
+    potential) is also derived, since only the symbolic derivation can reject it; the built-in forms
+    always derive (tests/test_cli.py checks that), so their check loads lark and pydantic but not sympy."""
+    from . import frontend
+
+    text, path = frontend.read_spec(Path(args.spec))
+    s = frontend.parse_text(text, path)
+    if s.has_expressions:
+        from . import compiler
+
+        compiler.derive_parsed(s, text, path)
     print(f"{args.spec}: ok — model {s.name}: memory={s.memory.kind} bias={s.bias.kind} "
           f"retention={s.retention.kind} learner={s.learner.kind} parallel={s.parallel.kind}; gates={list(s.gates)}")
     return 0
@@ -85,7 +99,10 @@ def cmd_explain(args) -> int:
     from .explain import equations
 
     compiled = _load(args.spec)
-    print(compiled.spec.canonical())
+    if args.latex:
+        print("\\begin{verbatim}\n" + compiled.spec.canonical() + "\\end{verbatim}\n")
+    else:
+        print(compiled.spec.canonical())
     for line in equations(compiled.spec, compiled.derivation, latex=args.latex):
         print(line)
     return 0
@@ -97,11 +114,15 @@ def cmd_demo(args) -> int:
 
     from . import compiler
 
+    B, T, H, D = args.batch, args.length, args.heads, args.dim
+    small = [f"--{n} {val}" for n, val in (("batch", B), ("length", T), ("heads", H), ("dim", D)) if val < 1]
+    if small:
+        print(f"mirasc demo: {', '.join(small)}: sizes must be >= 1", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     compiled = _load(args.spec)
     mod = compiler.load_source(compiled.source, compiled.spec.name)
     t_compile = time.perf_counter() - t0
-    B, T, H, D = args.batch, args.length, args.heads, args.dim
     gen = torch.Generator().manual_seed(0)
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
@@ -120,15 +141,17 @@ def cmd_demo(args) -> int:
             print("chunked:   not available for this spec (exact per-token dependence)")
             continue
         t = time.perf_counter()
-        o, state = mod.apply(q, k, v, gates, algorithm=algo)
+        try:
+            o, state = mod.apply(q, k, v, gates, algorithm=algo)
+        except ValueError as err:  # the op rejects these sizes (e.g. head_mix needs a multiple of heads)
+            print(f"mirasc demo: {args.spec} cannot run at B={B} T={T} H={H} D={D}: {err}", file=sys.stderr)
+            return 2
         dt = time.perf_counter() - t
         results[algo] = o
-        sizes = ", ".join(f"{n} {list(w.shape)}" for n, w in state.items())
-        print(f"{algo:<10} {dt * 1e3:8.1f} ms  ‖o‖ = {o.norm():.4f}  final state: {sizes}")
+        print(f"{algo:<10} {dt * 1e3:8.1f} ms  ‖o‖ = {o.norm():.4f}  final state: {_describe_state(state)}")
     if len(results) == 2:
         a, b = results["chunked"], results["recurrent"]
         print(f"chunked vs recurrent: relative error {(a - b).norm() / b.norm():.2e}")
-    # one step of recall: how well does the final memory map the last keys to their values?
     return 0
 
 
@@ -175,6 +198,23 @@ def cmd_kernels(args) -> int:
     return status
 
 
+def _describe_state(state) -> str:
+    """Parametric memories return weight tensors; attention returns its cache (tensors and the start
+    position), or None when it reads another sequence (causal=false) and keeps no cache."""
+    if state is None:
+        return "none (causal=false reads the given k, v; there is no cache to continue)"
+    parts = []
+    for name, value in state.items():
+        parts.append(f"{name} {list(value.shape)}" if hasattr(value, "shape") else f"{name} = {value}")
+    return ", ".join(parts)
+
+
+def cmd_train(args) -> int:
+    from . import train
+
+    return train.run(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="mirasc", description="Compile Miras sequence-model specs into "
                                      "standalone PyTorch modules.", epilog=LANGUAGE_GUIDE,
@@ -194,14 +234,14 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
-    from . import explore, train
+    from . import explore, train_config  # argument definitions only: neither imports torch
 
     p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task (--help)")
     explore.add_arguments(p)
     p.set_defaults(fn=explore.run)
     p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
-    train.add_arguments(p)
-    p.set_defaults(fn=train.run)
+    train_config.add_arguments(p)
+    p.set_defaults(fn=cmd_train)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
     p.add_argument("--batch", type=int, default=2)
@@ -227,13 +267,17 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write every row as JSON to this file")
     p.set_defaults(fn=cmd_kernels)
     args = parser.parse_args(argv)
+    # torch warns on import when numpy is missing; mirasc never hands tensors to numpy (and numpy is no
+    # dependency of it), so the warning says nothing about a user's run
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
     from .frontend import SpecError
 
     try:
         return args.fn(args)
     except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
+        for e in err.all:  # every error the front end found, one per line
+            print(f"error: {e.path}:{e.line}:{e.col}: {e.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -35,11 +35,16 @@ def compile_text(text: str, path: str = "<spec>") -> Compiled:
     return compile_parsed(spec, text, path)
 
 
-def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
+def derive_parsed(spec: S.Spec, text: str, path: str) -> D.Derivation:
+    """The symbolic derivation, its errors located in the spec text."""
     try:
-        d = D.derive(spec)
+        return D.derive(spec)
     except D.DerivationError as err:
         raise _locate(err, text, path) from None
+
+
+def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
+    d = derive_parsed(spec, text, path)
     if not spec.parametric:
         from .codegen import attention_backend
         return Compiled(spec, d, None, None, attention_backend.emit(spec, d))
@@ -97,10 +102,4 @@ def compile_spec(text_or_path: str | Path) -> types.ModuleType:
 
 
 def _read(text_or_path: str | Path) -> tuple[str, str]:
-    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
-        p = Path(text_or_path)
-        try:
-            return p.read_text(encoding="utf-8"), str(p)
-        except (OSError, UnicodeDecodeError) as err:
-            raise frontend.SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
-    return str(text_or_path), "<spec>"
+    return frontend.read_spec(text_or_path)

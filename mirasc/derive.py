@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from . import spec as S
+from .messages import brief, describe_value, plain_failure
 from .primitives import apow, relu, sigmoid, spow
 
 # Symbols shared by the derivation, the IR and the printers.
@@ -71,8 +72,7 @@ def derive(spec: S.Spec) -> Derivation:
         except DerivationError:
             raise
         except Exception as err:  # SymPy on extreme input (huge powers, unsupported forms): a spec error
-            raise DerivationError(where, f"cannot derive the {where} in closed form "
-                                  f"({err.__class__.__name__}: {str(err)[:80]})") from None
+            raise DerivationError(where, f"cannot derive the {where}: {plain_failure(err)}") from None
     return d
 
 
@@ -161,8 +161,16 @@ def _check_printable(expr: sp.Expr, field: str, what: str) -> None:
         except Exception:  # overflow in mpmath/decimal, non-numeric results: not finite
             val = complex("nan")
         if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
-            raise DerivationError(field, f"{what} is not finite and real at e = {probe} (it evaluates to "
-                                  f"{expr.subs(vals)}); the loss must be differentiable on the whole real line")
+            raise DerivationError(field, f"{what} is not finite and real at e = {probe}: it is "
+                                  f"{_value_in_words(expr, vals)}; the loss must be differentiable on the whole "
+                                  "real line")
+
+
+def _value_in_words(expr: sp.Expr, vals: dict) -> str:
+    try:
+        return describe_value(expr.subs(vals).evalf())
+    except Exception:  # the evaluation itself overflowed
+        return "too large to represent (it overflows)"
 
 
 # ---------------------------------------------------------------------------------- memory
@@ -207,7 +215,7 @@ def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
         # φ'' may vanish at isolated points (w^4/4 at 0) and φ stays strictly convex.
         if val is None or val < 0 or (val == 0 and s != 0.0):
             raise DerivationError("retention", f"bregman: φ must be strictly convex (φ'' > 0), but φ''({s}) = "
-                                  f"{d2phi.subs(w, s)}; e.g. phi = w^2/2, w*log(w), cosh(w)", param="phi")
+                                  f"{brief(d2phi.subs(w, s))}; e.g. phi = w^2/2, w*log(w), cosh(w)", param="phi")
     sols = []
     try:
         sols = sp.solve(sp.Eq(dphi, u), w)
@@ -227,14 +235,14 @@ def _derive_bregman(phi: sp.Expr, d: Derivation) -> None:
             chosen = sol
             break
     if chosen is None:
-        raise DerivationError("retention", f"bregman: cannot invert φ'(w) = {dphi} in closed form; choose a "
+        raise DerivationError("retention", f"bregman: cannot invert φ'(w) = {brief(dphi)} in closed form; choose a "
                               "potential whose derivative SymPy can invert (e.g. w*log(w), w^4/4, cosh(w))",
                               param="phi")
     for u0 in (-5.0, 0.0, 5.0):  # a Legendre potential: φ' maps onto all of ℝ, so every φ'(W) + U is invertible
         if _num(chosen.subs(u, u0), None) is None:
-            raise DerivationError("retention", f"bregman: φ'(w) = {dphi} does not map onto all reals ((φ')⁻¹({u0}) "
-                                  "is undefined), so an update could leave its range; use a potential whose "
-                                  "derivative is onto, e.g. w*log(w), cosh(w), w^4/4", param="phi")
+            raise DerivationError("retention", f"bregman: φ'(w) = {brief(dphi)} does not map onto all reals "
+                                  f"((φ')⁻¹({u0}) is undefined), so an update could leave its range; use a "
+                                  "potential whose derivative is onto, e.g. w*log(w), cosh(w), w^4/4", param="phi")
     _check_codegen(dphi, "retention", "φ'", param="phi")
     _check_codegen(chosen, "retention", "(φ')⁻¹", param="phi")
     d.phi_prime, d.phi_prime_inv = dphi, chosen

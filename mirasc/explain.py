@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import sympy as sp
 
 from . import spec as S
@@ -15,15 +17,93 @@ def _sym(value, gate: str) -> str:
 def _show(expr, latex: bool) -> str:
     if isinstance(expr, str):
         return expr
-    return f"${sp.latex(expr)}$" if latex else sp.sstr(expr)
+    # LaTeX from SymPy is fenced so that latex_line() passes it through untouched
+    return f"{_FENCE[0]}{sp.latex(expr)}{_FENCE[1]}" if latex else sp.sstr(expr)
+
+
+_FENCE = ("\x02", "\x03")
+# Unicode in the equations -> LaTeX math
+_TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha ", "η": r"\eta ", "θ": r"\theta ",
+        "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "‖": r"\|",
+        "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
+        "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
+        "×": r"\times ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
+        "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots "}
+# words that are functions (upright operators; those with their own macro first)
+_MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
+_OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
+              "acosh", "atan", "abs", "prox", "read", "LayerNorm", "RMSNorm", "act"}
+_SYMBOLS = {"Dk": "D_k", "Dv": "D_v", "Tk": "T_k", "eps": r"\epsilon ", "scale": r"\mathrm{scale}"}
+_TOKEN = re.compile(r"[A-Za-z]+\d*|\x02[^\x03]*\x03|\s+|.", re.S)
+
+
+def latex_line(line: str) -> str:
+    """One equation line (`label: content`) as `label: $content$`, everything in the math converted:
+    Unicode symbols to macros, function names to operators, prose to \\text{...}."""
+    m = re.match(r"^\s*([A-Za-z][\w \-]*?):\s+(.*)$", line)
+    label, body = (m.group(1), m.group(2)) if m else ("", line.strip())
+    body = re.sub(r"(\d(?:\.\d+)?)e(-?)0*(\d+)", r"\1·10^{\2\3}", body)   # 1e-06 -> 1·10^{-6}
+    body = body.replace("⁻¹", "^{-1}")
+    tokens = _TOKEN.findall(body)
+    out: list[str] = []
+    prose: list[str] = []     # a run of words (and the spaces between them) that becomes one \text{}
+
+    def flush():
+        if prose:
+            words = "".join(prose).replace("–", "--")   # an en dash in text mode
+            out.append(rf"\text{{{words.rstrip()}}}" + (r"\ " if words != words.rstrip() else ""))
+            prose.clear()
+
+    for i, tok in enumerate(tokens):
+        word = re.fullmatch(r"([A-Za-z]+)(\d*)", tok)
+        if tok.startswith(_FENCE[0]):
+            flush()
+            out.append(tok[1:-1])
+        elif word and ((len(word.group(1)) >= 2 and word.group(1) not in _MACROS | _OPERATORS | set(_SYMBOLS)
+                        and not (i > 0 and tokens[i - 1] in ("_", "^"))) or (prose and prose[-1] in "'-–")):
+            prose.append(tok)
+        elif tok.isspace() and prose:
+            prose.append(" ")
+        elif tok in ("'", "-", "–") and prose and i + 1 < len(tokens) and tokens[i + 1].isalpha():
+            prose.append(tok)     # Yaad's, cross-attention, Nadaraya–Watson
+        else:
+            flush()
+            if word:
+                name, digits = word.groups()
+                sub = f"_{{{digits}}}" if digits else ""
+                if name in _MACROS:
+                    text = f"\\{name}{sub} "
+                elif name in _OPERATORS:
+                    text = rf"\operatorname{{{name}}}{sub} "
+                else:
+                    text = _SYMBOLS.get(name, name) + sub
+                # a subscript or superscript of several letters (a_ts, λ_init, ℝ^Dk) is one group
+                grouped = i > 0 and tokens[i - 1] in ("_", "^") and len(text.strip()) > 1
+                out.append("{" + text.strip() + "}" if grouped else text)
+            elif tok.isspace():
+                out.append(r"\quad " if len(tok) > 1 else " ")
+            elif tok in ("%", "&", "#", "$"):
+                out.append("\\" + tok)
+            else:  # braces stay: the equations already write subscripts and superscripts as TeX groups
+                out.append(_TEX.get(tok, tok))
+    flush()
+    math = "".join(out).replace("..", r"\ldots ")
+    math = re.sub(r"([\^_])\(([^()]*)\)", r"\1{(\2)}", math)        # u^(h+1) -> u^{(h+1)}
+    math = re.sub(r"([A-Za-z0-9}])\*", r"\1^{*}", math)             # e* -> e^{*}
+    math = re.sub(r"\\sqrt ([A-Za-z_{}]+)", r"\\sqrt{\1}", math)  # √Dk -> \sqrt{D_k}
+    return f"{label}: ${math.strip()}$" if label else f"${math.strip()}$"
 
 
 def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
-    """The update rule of one token, step by step (CONTRACT §3), with the derived pieces."""
+    """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
+    every line is `label: $...$` in LaTeX."""
+    lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory)
+    return [latex_line(line) for line in lines] if latex else lines
+
+
+def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
-    if not spec.parametric:
-        return _nonparametric(m)
     if m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
@@ -32,7 +112,10 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
         norm = ", y ← LayerNorm(y)" if m.norm == "layernorm" else ""
         res = ", M(x) = x + y" if m.residual else ", M(x) = y"
         out.append(f"memory:     h0 = x, {layers}{norm}{res}")
-    out.append(f"bias:       {d.loss_text}")
+    loss_text = d.loss_text
+    if spec.bias.kind == "custom":  # the loss itself is an expression: print it like the derived ones
+        loss_text = f"ℓ = Σᵢ f(eᵢ),  f(e) = {_show(d.loss, latex)}"
+    out.append(f"bias:       {loss_text}")
     residual_note = "   (e = M(k) − v)" if d.dloss.has(sp.Symbol("e", real=True)) else ""
     out.append(f"derived:    ∂ℓ/∂y = {_show(d.dloss, latex)}{residual_note}")
     if l.kind == "implicit":

@@ -280,20 +280,93 @@ def _state_floats(module, spec, heads: int, head_dim: int, layers: int):
     return layers * sum(t.numel() for t in state.values())
 
 
+def _model(cand: Candidate, opts: dict):
+    """The cell's language model (initialised from torch's global RNG)."""
+    from . import tasks
+    from .models import LMConfig, build
+
+    layer_opts = {k: v for k, v in opts["layer"].items() if k in getattr(cand.module, "LAYER_DEFAULTS", {})}
+    return build(cand.module, LMConfig(vocab_size=tasks.VOCAB, d_model=opts["d_model"], n_layers=opts["layers"],
+                                       n_heads=opts["heads"], layer_options=layer_opts))
+
+
+def time_step(cand: Candidate, opts: dict) -> float:
+    """Seconds of one training step (forward and backward) of this design at the grid's budget, measured
+    on a throwaway model; the first step carries one-time costs, so a quick one is measured again."""
+    import torch
+
+    from . import tasks
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = _model(cand, opts)
+        x, y, _ = tasks.generate(opts["task"], opts["task_config"], opts["batch_size"], seed=TRAIN_SEED)
+        for _ in range(2):
+            t0 = time.perf_counter()
+            _, loss = model(x, y)
+            loss.backward()
+            seconds = time.perf_counter() - t0
+            if seconds > 1.0:
+                break
+    return seconds
+
+
+def cell_seconds(step_seconds: float, opts: dict) -> float:
+    """Training steps plus evaluation (forward only, about a third of a step per batch, scaled by length)."""
+    batches = math.ceil(opts["eval_examples"] / opts["batch_size"])
+    lengths = sum(L / opts["task_config"].seq_len for L in opts["eval_lengths"])
+    return step_seconds * (opts["steps"] + batches * lengths / 3)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+# An `exact` cell this many times slower than its minibatch(C) form gets a note before training.
+EXACT_SLOWDOWN_NOTE = 5.0
+SIBLING_CHUNK = 16
+
+
+def minibatch_sibling(cand: Candidate, candidates_: list[Candidate]) -> Candidate | None:
+    """The same design under `parallel = minibatch(C)`: a grid cell if there is one, else a new candidate
+    with C = 16 (None when that combination is illegal, e.g. implicit or order=pre)."""
+    import mirasc
+
+    exact_line = "    parallel  = exact\n"
+    if exact_line not in cand.canonical:
+        return None
+    # canonical text minus its first line (the model name): the design itself
+    before, after = cand.canonical.split("\n", 1)[1].split(exact_line)
+    for other in candidates_:
+        body = other.canonical.split("\n", 1)[1] if other.canonical else ""
+        if not other.reason and body.startswith(before + "    parallel  = minibatch(") and body.endswith(
+                ")\n" + after) and body.count("\n") == (before + exact_line + after).count("\n"):
+            return other
+    text = cand.canonical.replace(exact_line, f"    parallel  = minibatch(C={SIBLING_CHUNK})\n")
+    sibling = Candidate(f"{cand.label} -> minibatch({SIBLING_CHUNK})", text, {})
+    try:
+        sibling.canonical = mirasc.parse_text(text).canonical()
+        sibling.module = mirasc.compile_spec(text)
+    except mirasc.SpecError:
+        return None
+    return sibling
+
+
 def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> dict:
     import torch
 
     import mirasc
 
     from . import tasks
-    from .models import LMConfig, build
 
     task, cfg = opts["task"], opts["task_config"]
     steps, B = opts["steps"], opts["batch_size"]
-    layer_opts = {k: v for k, v in opts["layer"].items() if k in getattr(cand.module, "LAYER_DEFAULTS", {})}
     torch.manual_seed(seed)
-    model = build(cand.module, LMConfig(vocab_size=tasks.VOCAB, d_model=opts["d_model"], n_layers=opts["layers"],
-                                        n_heads=opts["heads"], layer_options=layer_opts))
+    model = _model(cand, opts)
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": opts["weight_decay"]},
@@ -326,13 +399,15 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> di
             window = []
         progress.update(cand.label, seed, step + 1, steps, loss.item())
     train_s = time.time() - t0
-    accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B)
+    scored: dict[int, int] = {}
+    accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B, scored)
     spec = mirasc.parse_text(cand.canonical)
     return {
         "label": cand.label, "name": spec.name, "axes": cand.axes, "spec": cand.canonical, "task": task,
         "task_config": dataclasses.asdict(cfg), "seed": seed, "budget": budget_of(opts), "status": status,
         "final_loss": curve[-1][1] if curve else float("nan"), "loss_curve": curve,
         "accuracy": {str(L): a for L, a in accuracy.items()}, "exact_match": {str(L): e for L, e in exact.items()},
+        "scored": {str(L): k for L, k in scored.items()},
         "train_length": cfg.seq_len, "params": model.num_params(),
         "state_floats": _state_floats(cand.module, spec, opts["heads"], opts["d_model"] // opts["heads"],
                                       opts["layers"]),
@@ -340,8 +415,9 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> di
     }
 
 
-def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int):
-    """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set."""
+def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int, scored: dict | None = None):
+    """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set.
+    `scored`, if given, receives the number of scored tokens at each length."""
     import torch
 
     from . import tasks
@@ -360,12 +436,30 @@ def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int):
                 total += int(m[i:i + batch_size].sum())
                 examples_ok += int((hit.sum(1) == m[i:i + batch_size].sum(1)).sum())
             accuracy[L], exact[L] = right / max(1, total), examples_ok / n
+            if scored is not None:
+                scored[L] = total
     model.train()
     return accuracy, exact
 
 
 # ------------------------------------------------------------------------------- leaderboard
-def leaderboard(cells: list[dict], lengths) -> list[dict]:
+def chance_levels(opts: dict) -> dict[int, float]:
+    """The task's chance accuracy (tasks.chance) at each evaluation length."""
+    from . import tasks
+
+    return {L: tasks.chance(opts["task"], tasks.at_length(opts["task"], opts["task_config"], L))
+            for L in opts["eval_lengths"]}
+
+
+def above_chance(acc: float, chance: float, scored: int | None) -> bool:
+    """Whether a mean accuracy over `scored` tokens beats guessing: more than two binomial standard errors
+    above the chance level (with an unknown count, merely above it)."""
+    margin = 2 * math.sqrt(chance * (1 - chance) / scored) if scored else 0.0
+    return acc > chance + margin
+
+
+def leaderboard(cells: list[dict], lengths, chance: dict | None = None) -> list[dict]:
+    chance = {int(L): c for L, c in (chance or {}).items()}
     groups: dict[str, list[dict]] = {}
     for c in cells:
         groups.setdefault(c["spec"], []).append(c)
@@ -380,6 +474,13 @@ def leaderboard(cells: list[dict], lengths) -> list[dict]:
                "exact_mean": statistics.fmean(c["exact_match"][train_len] for c in group)}
         for L in lengths:
             row[f"acc@{L}"] = statistics.fmean(c["accuracy"][str(L)] for c in group)
+            if L in chance:
+                row[f"chance@{L}"] = chance[L]
+        if int(train_len) in chance:
+            counts = [c.get("scored", {}).get(train_len) for c in group]
+            scored = sum(counts) if all(counts) else None
+            row["chance"] = chance[int(train_len)]
+            row["beats_chance"] = above_chance(row["acc_mean"], row["chance"], scored)
         losses = [c["final_loss"] for c in group if math.isfinite(c["final_loss"])]
         row["final_loss"] = statistics.fmean(losses) if losses else float("nan")
         row["params"], row["state_floats"] = first["params"], first["state_floats"]
@@ -394,27 +495,41 @@ def leaderboard(cells: list[dict], lengths) -> list[dict]:
 
 
 def format_table(rows: list[dict], lengths) -> str:
-    heads = ["#", "design", "acc", "±", *[f"@{L}" for L in lengths], "exact", "loss", "params", "state", "s/seed"]
-    body = []
+    with_chance = any("chance" in r for r in rows)
+    heads = ["#", "design", "acc", "±", *(["chance"] if with_chance else []), *[f"@{L}" for L in lengths], "exact",
+             "loss", "params", "state", "s/seed"]
+    body, notes = [], []
     for r in rows:
         state = "O(T)" if r["state_floats"] is None else f"{r['state_floats']}"
         body.append([str(r["rank"]), r["label"], f"{r['acc_mean']:.3f}", f"{r['acc_std']:.3f}",
+                     *([f"{r['chance']:.3f}" if "chance" in r else "?"] if with_chance else []),
                      *[f"{r[f'acc@{L}']:.3f}" for L in lengths], f"{r['exact_mean']:.3f}", f"{r['final_loss']:.3f}",
-                     f"{r['params']}", state, f"{r['seconds_per_seed']:.1f}"]
-                    + ([r["status"]] if r["status"] != "ok" else []))
-    widths = [max(len(x) for x in col) for col in zip(heads, *[b[:len(heads)] for b in body])]
+                     f"{r['params']}", state, f"{r['seconds_per_seed']:.1f}"])
+        note = [] if r["status"] == "ok" else [r["status"]]
+        if r.get("beats_chance") is False:
+            note.append("NOT ABOVE CHANCE")
+        notes.append("; ".join(note))
+    widths = [max(len(x) for x in col) for col in zip(heads, *body)]
     fmt = lambda cells: "  ".join(c.ljust(w) if i == 1 else c.rjust(w)  # noqa: E731
                                   for i, (c, w) in enumerate(zip(cells, widths)))
     lines = [fmt(heads), "  ".join("-" * w for w in widths)]
-    lines += [fmt(b[:len(heads)]) + ("  " + b[-1] if len(b) > len(heads) else "") for b in body]
+    lines += [fmt(b) + ("  " + n if n else "") for b, n in zip(body, notes)]
+    if with_chance:
+        lines.append("chance: the accuracy of the best guess that ignores the context (mirasc.tasks.chance); "
+                     "NOT ABOVE CHANCE: the mean accuracy is within two standard errors of it")
+        flagged = sum(r.get("beats_chance") is False for r in rows)
+        if flagged:
+            lines.append(f"warning: {flagged} of {len(rows)} design(s) did not beat chance: their order says nothing "
+                         "about the designs; train longer (--steps), or on an easier task (--task-opt)")
     return "\n".join(lines)
 
 
 def write_outputs(out: Path, opts: dict, rows, cells, dropped, plots: bool) -> list[Path]:
     written = []
     lengths = opts["eval_lengths"]
-    cols = ["rank", "label", "name", *AXES, "seeds", "acc_mean", "acc_std", *[f"acc@{L}" for L in lengths],
-            "exact_mean", "final_loss", "params", "state_floats", "seconds_per_seed", "status"]
+    cols = ["rank", "label", "name", *AXES, "seeds", "acc_mean", "acc_std", "chance", "beats_chance",
+            *[f"acc@{L}" for L in lengths], *[f"chance@{L}" for L in lengths], "exact_mean", "final_loss", "params",
+            "state_floats", "seconds_per_seed", "status"]
     with open(out / "leaderboard.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
@@ -521,28 +636,85 @@ def _grid(opts: dict) -> int:
     progress = Progress(len(todo), quiet=opts["quiet"])
     if stored:
         progress.note(f"resumed {len(stored)} stored cell(s) from {out / 'cells'}")
-    errors = 0
-    for cand, seed, key in todo:
-        try:
-            record = train_cell(cand, opts, seed, progress)
-        except Exception as err:  # a cell that crashes does not stop the grid (and is not stored)
-            errors += 1
-            progress.note(f"error in {cand.label} seed {seed}: {type(err).__name__}: {err}")
+    chance = chance_levels(opts)
+    print(f"chance level ({opts['task']}, best guess without the context): "
+          + ", ".join(f"{chance[L]:.4f} at length {L}" for L in opts["eval_lengths"]))
+    estimate: dict[str, float] = {}
+    errors, interrupted = 0, False
+    try:
+        estimate = estimate_time(todo, cands, opts)
+        for cand, seed, key in todo:
+            if cand.label in estimate:
+                progress.note(f"[{progress.done + 1}/{len(todo)}] {cand.label} seed {seed}: "
+                              f"~{_duration(estimate[cand.label])}")
+            try:
+                record = train_cell(cand, opts, seed, progress)
+            except Exception as err:  # a cell that crashes does not stop the grid (and is not stored)
+                errors += 1
+                progress.note(f"error in {cand.label} seed {seed}: {type(err).__name__}: {err}")
+                progress.done += 1
+                continue
+            record["key"] = key
+            tmp = out / "cells" / f"{key}.json.tmp"
+            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            tmp.replace(out / "cells" / f"{key}.json")
+            stored[key] = record
             progress.done += 1
-            continue
-        record["key"] = key
-        tmp = out / "cells" / f"{key}.json.tmp"
-        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        tmp.replace(out / "cells" / f"{key}.json")
-        stored[key] = record
-        progress.done += 1
+    except KeyboardInterrupt:  # Ctrl-C: rank what finished, so the time spent is not lost
+        interrupted = True
+        print(f"\ninterrupted after {progress.done} of {len(todo)} cell(s) to train", file=sys.stderr)
     cells = [stored[k] for _, _, k in jobs if k in stored]
-    rows = leaderboard(cells, opts["eval_lengths"])
+    rows = leaderboard(cells, opts["eval_lengths"], chance)
     print(format_table(rows, opts["eval_lengths"]))
     written = write_outputs(out, opts, rows, cells, dropped, opts["plots"])
-    print(f"trained {len(todo) - errors} cell(s), resumed {len(jobs) - len(todo)}, failed {errors}; wrote "
-          + ", ".join(str(p) for p in written))
+    trained = progress.done - errors
+    print(f"trained {trained} cell(s), resumed {len(jobs) - len(todo)}, failed {errors}"
+          + (f", not run {len(todo) - progress.done} (interrupted)" if interrupted else "")
+          + "; wrote " + ", ".join(str(p) for p in written))
+    if interrupted:
+        print(f"the leaderboard holds the {len(cells)} finished cell(s); run the same command again to train the "
+              "rest (finished cells are reused)")
+        return 130
     return 1 if errors else 0
+
+
+def estimate_time(todo, cands: list[Candidate], opts: dict) -> dict[str, float]:
+    """Time one training step of each design still to train, print the expected time per cell and in all,
+    and note every `exact` design whose minibatch(C) form is much cheaper. Returns label -> seconds/cell."""
+    designs = list({c.label: c for c, _, _ in todo}.values())
+    if not designs:
+        return {}
+    per_step: dict[str, float] = {}
+    for cand in designs:
+        try:
+            per_step[cand.label] = time_step(cand, opts)
+        except Exception:  # the cell itself will report the failure when it trains
+            continue
+    per_cell = {label: cell_seconds(t, opts) for label, t in per_step.items()}
+    seeds = {label: sum(1 for c, _, _ in todo if c.label == label) for label in per_cell}
+    print(f"estimated time (one timed training step per design x {opts['steps']} steps, plus evaluation):")
+    width = max(len(label) for label in per_cell) if per_cell else 0
+    for label, seconds in per_cell.items():
+        print(f"  {label:<{width}}  {per_step[label]:8.3f} s/step  ~{_duration(seconds)} per seed")
+    total = sum(per_cell[label] * seeds[label] for label in per_cell)
+    print(f"  total ~{_duration(total)} for {sum(seeds.values())} cell(s)")
+    for cand in designs:
+        if cand.label not in per_step:
+            continue
+        sibling = minibatch_sibling(cand, cands)
+        if sibling is None:
+            continue
+        try:
+            cheap = per_step[sibling.label] if sibling.label in per_step else time_step(sibling, opts)
+        except Exception:
+            continue
+        ratio = per_step[cand.label] / max(cheap, 1e-9)
+        if ratio >= EXACT_SLOWDOWN_NOTE:
+            form = sibling.canonical.split("parallel  = ", 1)[1].split("\n", 1)[0]
+            print(f"note: `{cand.label}` takes ~{per_step[cand.label]:.2f} s/step token by token (exact); with "
+                  f"`parallel = {form}` it takes ~{cheap:.2f} s/step ({ratio:.0f}x cheaper): minibatch(C) takes "
+                  "each chunk's gradients at the chunk's start state (TTT/Titans), which runs in parallel")
+    return per_cell
 
 
 def _short(cfg) -> str:

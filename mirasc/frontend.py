@@ -12,22 +12,36 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
-import sympy as sp
 from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from pydantic import ValidationError
 
 from . import spec as S
-from .primitives import EXPRESSION_FUNCTIONS, apow
+from .messages import plain_failure
 
-_PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True)
+# cache=True keeps lark's grammar analysis in a temporary file: later runs load it in milliseconds
+_PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True,
+                    cache=True)
 
 
 class SpecError(Exception):
-    """A bad spec: carries the location and a message that says what would be accepted."""
+    """A bad spec: carries the location and a message that says what would be accepted.
 
-    def __init__(self, path: str, line: int, col: int, message: str):
-        super().__init__(f"{path}:{line}:{col}: {message}")
+    `also` holds the file's further errors (fields in file order, then missing fields) when the front end
+    could go on after the first one; str() gives every error, one `path:line:col: message` line each."""
+
+    def __init__(self, path: str, line: int, col: int, message: str, also: tuple[SpecError, ...] = ()):
         self.path, self.line, self.col, self.message = path, line, col, message
+        self.also = tuple(also)
+        super().__init__("\n".join(f"{e.path}:{e.line}:{e.col}: {e.message}" for e in self.all))
+
+    @property
+    def all(self) -> list[SpecError]:
+        return [self, *self.also]
+
+    @classmethod
+    def several(cls, errors: list[SpecError]) -> SpecError:
+        first, *rest = errors
+        return cls(first.path, first.line, first.col, first.message, also=rest)
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,17 @@ def parse_file(path: str | Path) -> S.Spec:
     return parse_text(text, str(path))
 
 
+def read_spec(text_or_path: str | Path) -> tuple[str, str]:
+    """(text, path) of a spec given as text or as a path to a .miras file."""
+    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
+        p = Path(text_or_path)
+        try:
+            return p.read_text(encoding="utf-8"), str(p)
+        except (OSError, UnicodeDecodeError) as err:
+            raise SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
+    return str(text_or_path), "<spec>"
+
+
 def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
     line, col = getattr(err, "line", 1) or 1, getattr(err, "column", 1) or 1
     if line < 1 or col < 1:  # lark reports -1 at end of input
@@ -92,10 +117,13 @@ def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
     if isinstance(err, UnexpectedEOF):
         return SpecError(path, line, col, "unexpected end of file; expected "
                          f"{_describe_expected(err.expected)} (is a `}}` or `)` missing?)")
+    if not _strip_comments(text).strip():
+        return SpecError(path, 1, 1, "the file is empty (or only comments); a spec is `model NAME { memory = "
+                         "linear; bias = l2 }` with the fields memory, bias, retention, learner, parallel")
     if isinstance(err, UnexpectedToken) and err.token.type == "$END":
         body = text.rstrip()
         line = body.count("\n") + 1
-        col = len(body) - (body.rfind("\n") + 1) + 1 + 1  # just after the last character
+        col = len(body) - (body.rfind("\n") + 1) + 1  # just after the last character
         return SpecError(path, line, col, "unexpected end of file; expected "
                          f"{_describe_expected(err.expected)} (is a closing `}}` or `)` missing?)")
     if isinstance(err, UnexpectedToken):
@@ -108,6 +136,10 @@ def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
             hint = "; a spec starts with `model NAME {`"
         return SpecError(path, line, col, f"unexpected {got}; expected {_describe_expected(err.expected)}{hint}")
     return SpecError(path, line, col, f"syntax error: {err}")
+
+
+def _strip_comments(text: str) -> str:
+    return "\n".join(line.split("#", 1)[0] for line in text.splitlines())
 
 
 def _first_code_line(text: str) -> int:
@@ -133,35 +165,36 @@ class _Builder:
         name_tok, *fields = model.children
         seen: dict[str, Tree] = {}
         values: dict[str, S.Form] = {}
+        # Each field is checked on its own, so one run reports every bad field of the file; the
+        # combination rules need all fields and run only when every field is good.
+        errors: list[SpecError] = []
+        failed: set[str] = set()
         for f in fields:
-            if f.data == "block":
-                if "layer" in values:
-                    raise self.err(f.children[0], "block `layer` given twice")
-                values["layer"] = self.layer_block(f)
-                continue
-            key_tok, form = f.children
-            key = str(key_tok)
-            if key not in S.VOCABULARY:
-                raise self.err(key_tok, f"unknown field `{key}`{suggest(key, S.FIELDS)}; "
-                               f"fields are {_one_of(S.FIELDS)}")
-            if key in seen:
-                p = _pos(seen[key])
-                raise self.err(key_tok, f"field `{key}` given twice (first at line {p.line})")
-            seen[key] = f
-            values[key] = self.form(key, form)
+            try:
+                self._field(f, seen, values)
+            except SpecError as err:
+                errors.append(err)
+                name = str(f.children[0])
+                # a misspelt field name stands for the field it resembles: do not also call that one missing
+                failed.update([name, *difflib.get_close_matches(name, S.FIELDS, n=1, cutoff=0.6)])
         for key in S.FIELDS:
-            if key in values:
+            if key in values or key in failed:
                 continue
+            if key == "bias" and "memory" in failed:
+                continue  # whether a bias is needed depends on the memory, which is wrong itself
             if key in ("memory", "bias") and not (key == "bias" and values.get("memory", S.Linear()).kind
                                                   == "nonparametric"):
-                raise self.err(model.children[0], f"model `{name_tok}` has no `{key}` field; add e.g. "
-                               f"`{key} = {'linear' if key == 'memory' else 'l2'}`")
+                errors.append(self.err(model.children[0], f"model `{name_tok}` has no `{key}` field; add e.g. "
+                                       f"`{key} = {'linear' if key == 'memory' else 'l2'}`"))
+                continue
             if key == "bias":
                 values[key] = S.L2()
-            elif values["memory"].kind == "nonparametric" and key == "learner":
+            elif values.get("memory", S.Linear()).kind == "nonparametric" and key == "learner":
                 values[key] = S.NonparametricLearner()
             else:
                 values[key] = S.FIELD_DEFAULTS[key]
+        if errors:
+            raise SpecError.several(errors)
         spec = S.Spec(name=str(name_tok), **values)
         try:
             S.check_combination(spec)
@@ -172,6 +205,23 @@ class _Builder:
                 target = self._find_arg(node.children[1], rej.param) or target
             raise self.err(target, f"illegal combination: {rej.message}") from None
         return spec
+
+    def _field(self, f: Tree, seen: dict, values: dict) -> None:
+        if f.data == "block":
+            if "layer" in values:
+                raise self.err(f.children[0], "block `layer` given twice")
+            values["layer"] = self.layer_block(f)
+            return
+        key_tok, form = f.children
+        key = str(key_tok)
+        if key not in S.VOCABULARY:
+            raise self.err(key_tok, f"unknown field `{key}`{suggest(key, S.FIELDS)}; "
+                           f"fields are {_one_of(S.FIELDS)}")
+        if key in seen:
+            p = _pos(seen[key])
+            raise self.err(key_tok, f"field `{key}` given twice (first at line {p.line})")
+        seen[key] = f
+        values[key] = self.form(key, form)
 
     def layer_block(self, node: Tree) -> S.LayerOptions:
         name_tok, *settings = node.children
@@ -264,7 +314,8 @@ class _Builder:
         words = _literal_words(cls.model_fields[key].annotation)
         if isinstance(value, str) and value not in words:
             if not words or "gate" in words:  # a number (or gate) is expected: never parse words as numbers
-                raise self.err(node, f"`{form}({key}=...)` takes {_expected_kind(annotation)}, not `{value}`")
+                raise self.err(node, f"`{form}({key}=...)` takes {_expected_kind(annotation)}, not "
+                               f"`{value}`{suggest(value, words)}")
         if key in S.GATE_OF_PARAM and isinstance(value, float) and not _coef_ok(key, value):
             raise self.err(node, f"bad value for `{form}({key}=...)`: {S.COEF_RANGE[key][2]}, or `gate`")
 
@@ -293,7 +344,15 @@ class _Builder:
         raise self.err(expr, f"`{form}({param}=...)` takes a number, a name, `gate` or true/false, "
                        "not an expression")
 
-    def expression(self, node: Tree, symbol: str) -> sp.Expr:
+    def expression(self, node: Tree, symbol: str):
+        import sympy as sp
+
+        from .primitives import EXPRESSION_FUNCTIONS, apow
+
+        depth = _depth(node)
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise self.err(node, f"expression nested {depth} levels deep; at most {MAX_EXPRESSION_DEPTH} levels "
+                           "of parentheses, functions and operators are accepted")
         x = sp.Symbol(symbol, real=True)
 
         def walk(n):
@@ -344,13 +403,26 @@ class _Builder:
         except SpecError:
             raise
         except Exception as err:  # sympy can fail in many ways on extreme input (huge powers, ...)
-            raise self.err(node, f"cannot build expression ({err.__class__.__name__}); keep constants and "
-                           "exponents moderate") from None
+            raise self.err(node, f"cannot build this expression: {plain_failure(err)}") from None
         # One spelling per function, so canonical() text parses back to the same expression.
         expr = expr.replace(sp.Abs, lambda arg: apow(arg, sp.Integer(1)))
         if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
             raise self.err(node, "expression is not finite")
         return expr
+
+
+# Deeper expressions would exhaust Python's recursion in SymPy; no loss or potential needs them.
+MAX_EXPRESSION_DEPTH = 64
+
+
+def _depth(node: Tree) -> int:
+    """Nesting depth of an expression tree, counted without recursion (the input may be very deep)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        n, d = stack.pop()
+        deepest = max(deepest, d)
+        stack.extend((c, d + 1) for c in n.children if isinstance(c, Tree))
+    return deepest
 
 
 def _literal_words(annotation) -> set[str]:

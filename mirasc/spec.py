@@ -7,18 +7,16 @@ combinations without a defined meaning) live in `check_combination`, each with i
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
-import sympy as sp
 from pydantic import BaseModel, ConfigDict, Field
-from sympy.printing.precedence import precedence
-from sympy.printing.str import StrPrinter
 
 GATE = "gate"
 Coef = Literal["gate"] | float
 """A coefficient: the word `gate` (a per-token input of the op) or a constant number."""
 
-# Gate names are fixed by role (CONTRACT section 1). Parameter name -> gate name.
+# Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
 GATE_ORDER = ("eta", "alpha", "theta", "delta")
 # Accepted constant values of each coefficient (the same ranges the Layer's gates produce).
@@ -51,7 +49,7 @@ class MLP(Form):
 
 
 class Nonparametric(Form):
-    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (CONTRACT §5)."""
+    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (docs/semantics.md)."""
 
     kind: Literal["nonparametric"] = "nonparametric"
     kernel: Literal["softmax", "additive", "poly"] = "softmax"
@@ -175,7 +173,8 @@ FIELD_DEFAULTS = {"retention": NoRetention(), "learner": GD(), "parallel": Exact
 
 
 class LayerOptions(Form):
-    """The layer around the memory op (CONTRACT §2 `Layer`); defaults of `Layer(d_model, num_heads, **options)`."""
+    """The layer around the memory op (docs/module-api.md, `Layer`): the defaults of
+    `Layer(d_model, num_heads, **options)`."""
 
     kind: Literal["layer"] = "layer"
     conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
@@ -219,6 +218,13 @@ class Spec(BaseModel):
         return out
 
     @property
+    def has_expressions(self) -> bool:
+        """Whether a parameter is an expression (custom loss, Bregman potential): only the symbolic
+        derivation can tell whether such a spec is usable."""
+        return any((field, getattr(self, field).kind, param) in EXPRESSION_PARAMS
+                   for field in FIELDS for param in params_of(type(getattr(self, field))))
+
+    @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
         return tuple(g for g in GATE_ORDER if coefs.get(g) == GATE)
@@ -244,15 +250,18 @@ class Spec(BaseModel):
         """Canonical spec text: every parameter written out, one field per line."""
         lines = [f"model {self.name} {{"]
         for field in FIELDS:
-            form = getattr(self, field)
-            args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
-            text = form.kind + (f"({', '.join(args)})" if args else "")
-            lines.append(f"    {field:<9} = {text}")
+            lines.append(f"    {field:<9} = {form_text(getattr(self, field))}")
         if self.layer != LayerOptions():
             opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p != "kind")
             lines.append(f"    layer {{ {opts} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def form_text(form: Form) -> str:
+    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`."""
+    args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
+    return form.kind + (f"({', '.join(args)})" if args else "")
 
 
 def format_value(v: Any) -> str:
@@ -262,38 +271,46 @@ def format_value(v: Any) -> str:
         return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
-    if isinstance(v, sp.Basic):
-        return SpecPrinter().doprint(v)
+    sympy = sys.modules.get("sympy")  # an expression exists only if sympy was imported to build it
+    if sympy is not None and isinstance(v, sympy.Basic):  # a custom loss, a Bregman potential
+        return _spec_printer().doprint(v)
     if v is None:
         return "default"
     return str(v)
 
 
-class SpecPrinter(StrPrinter):
-    """Prints an expression back in the spec language (so canonical() text parses again)."""
+def _spec_printer():
+    """Prints an expression back in the spec language (so canonical() text parses again). Built on first
+    use: sympy is imported only for specs that contain expressions (`mirasc check` stays fast)."""
+    import sympy as sp
+    from sympy.printing.precedence import precedence
+    from sympy.printing.str import StrPrinter
 
-    def _print_apow(self, expr):
-        x, a = expr.args
-        return f"abs({self._print(x)})" if a == 1 else f"abs({self._print(x)})^({self._print(a)})"
+    class SpecPrinter(StrPrinter):
+        def _print_apow(self, expr):
+            x, a = expr.args
+            return f"abs({self._print(x)})" if a == 1 else f"abs({self._print(x)})^({self._print(a)})"
 
-    def _print_spow(self, expr):
-        x, a = expr.args
-        return f"sign({self._print(x)})*abs({self._print(x)})^({self._print(a)})"
+        def _print_spow(self, expr):
+            x, a = expr.args
+            return f"sign({self._print(x)})*abs({self._print(x)})^({self._print(a)})"
 
-    def _print_Abs(self, expr):
-        return f"abs({self._print(expr.args[0])})"
+        def _print_Abs(self, expr):
+            return f"abs({self._print(expr.args[0])})"
 
-    def _print_Exp1(self, expr):
-        return "exp(1)"
+        def _print_Exp1(self, expr):
+            return "exp(1)"
 
-    def _print_Pow(self, expr, rational=False):
-        base, ex = expr.args
-        if ex == sp.Rational(1, 2):
-            return f"sqrt({self._print(base)})"
-        return f"{self.parenthesize(base, precedence(expr), strict=True)}^({self._print(ex)})"
+        def _print_Pow(self, expr, rational=False):
+            base, ex = expr.args
+            if ex == sp.Rational(1, 2):
+                return f"sqrt({self._print(base)})"
+            return f"{self.parenthesize(base, precedence(expr), strict=True)}^({self._print(ex)})"
 
-    def _print_Float(self, expr):
-        return repr(float(expr))
+        def _print_Float(self, expr):
+            return repr(float(expr))
+
+    return SpecPrinter()
 
 
 class Rejection(Exception):

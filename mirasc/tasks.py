@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -489,6 +490,25 @@ def at_length(task: str, cfg, seq_len: int):
     cfg = dataclasses.replace(cfg, **TASKS[task].length_fields(cfg, seq_len))
     cfg.validate()
     return cfg
+
+
+def chance(task: str, cfg) -> float:
+    """The accuracy (scored tokens) of the best guess that does not read the context: at each answer
+    position, the answer token that is most likely a priori. A model scoring near it has learnt nothing
+    about recall. MQAR and noisy recall: the value of a pair is uniform over the value tokens, so
+    1/num_keys. NIAH: the answer is a number (first digit 1-9, the others 0-9) or a word (uniform over
+    WORDS: the needle's value is drawn from the words other than its uniformly drawn key), guessed byte by
+    byte: the most frequent byte at each answer position."""
+    if task in ("mqar", "noisy"):
+        return 1.0 / cfg.num_keys
+    if task == "niah":
+        if cfg.needle != "word":
+            d = cfg.value_digits
+            return (1 / 9 + (d - 1) / 10) / d
+        longest = max(len(w) for w in WORDS)
+        hits = sum(max(Counter(w[i] for w in WORDS if i < len(w)).values()) for i in range(longest))
+        return hits / sum(len(w) for w in WORDS)
+    raise ValueError(f"unknown task {task!r}")
 
 
 def generate(task: str, cfg, n: int, seed: int = 0):

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -35,133 +34,25 @@ import random
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the training API)
+    CHECKPOINT,
+    CONFIG_FIELDS,
+    DEFAULT_WARMUP,
+    METRICS,
+    TrainConfig,
+    _flag,
+    add_arguments,
+    config_from,
+)
+
 LN2 = math.log(2.0)
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-
-
-@dataclass
-class TrainConfig:
-    # model (LMConfig)
-    d_model: int = field(default=128, metadata={"help": "model width"})
-    n_layers: int = field(default=2, metadata={"help": "number of blocks"})
-    n_heads: int = field(default=2, metadata={"help": "memory heads per layer"})
-    mlp_hidden: int = field(default=0, metadata={"help": "SwiGLU hidden size (0: 8/3 d_model, rounded to 32)"})
-    hybrid_every: int = field(default=0, metadata={"help": "every N-th block is sliding-window attention (0: none)"})
-    window: int = field(default=256, metadata={"help": "window of the hybrid attention blocks"})
-    layer_options: dict = field(default_factory=dict,
-                                metadata={"help": "JSON object of Layer options, e.g. '{\"gate_rank\": 16}'"})
-    # data
-    data: str | None = field(default=None, metadata={"help": "text folder (default: the Python stdlib sources)"})
-    max_bytes: int | None = field(default=None, metadata={"help": "cap the corpus to this many bytes"})
-    val_fraction: float = field(default=0.05, metadata={"help": "fraction of files held out for validation"})
-    seq_len: int = field(default=128, metadata={"help": "training context length (bytes)"})
-    batch_size: int = field(default=8, metadata={"help": "global batch size (split over ranks)"})
-    # optimisation
-    steps: int = field(default=200, metadata={"help": "optimizer steps"})
-    lr: float = field(default=2e-3, metadata={"help": "peak learning rate"})
-    min_lr: float = field(default=2e-4, metadata={"help": "final learning rate of the cosine schedule"})
-    warmup: int = field(default=20, metadata={"help": "linear warmup steps"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
-    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
-    beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
-    grad_clip: float = field(default=1.0, metadata={"help": "max global gradient norm (0: no clipping)"})
-    # precision, device, parallelism
-    seed: int = field(default=0, metadata={"help": "seed of the initialisation and of the batch order"})
-    dtype: str = field(default="float32", metadata={"help": "parameter dtype: float32 or float64"})
-    bf16: bool | None = field(default=None, metadata={
-        "help": "bf16 autocast (default: on for CUDA devices with bf16, off on the CPU)"})
-    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, cuda:N"})
-    fsdp: bool = field(default=False, metadata={"help": "shard with FSDP (fully_shard) instead of DDP"})
-    # output
-    out_dir: str | None = field(default=None, metadata={"help": "run directory (default: runs/SPEC_NAME)"})
-    log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
-    eval_every: int = field(default=0, metadata={"help": "validate every N steps (0: only at the end)"})
-    eval_windows: int = field(default=64, metadata={"help": "validation windows of seq_len bytes"})
-    ckpt_every: int = field(default=100, metadata={"help": "checkpoint every N steps (0: only at the end)"})
-    sample: int = field(default=0, metadata={"help": "generate this many bytes at the end (0: none)"})
-    progress: bool = field(default=True, metadata={"help": "progress bar (tqdm if installed)"})
-
-    def lm_config(self):
-        from mirasc.models import LMConfig
-
-        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-                        mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every, window=self.window,
-                        layer_options=dict(self.layer_options))
-
-    def validate(self):
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
-        for name in ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "log_every", "eval_windows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.steps < 0 or self.warmup < 0 or self.ckpt_every < 0 or self.eval_every < 0:
-            raise ValueError("steps, warmup, ckpt_every and eval_every must be >= 0")
-        if not isinstance(self.layer_options, dict):
-            raise ValueError("layer_options must be a JSON object")
-
-
-CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
-                overrides: dict | None = None) -> TrainConfig:
-    """Defaults (or `base`) < JSON file < overrides (keys whose value is None are ignored)."""
-    values = asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
-    layers = [("the base config", values)]
-    if file:
-        with open(file) as fh:
-            loaded = json.load(fh)
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{file}: expected a JSON object of TrainConfig fields")
-        layers.append((file, loaded))
-    layers.append(("the overrides", {k: v for k, v in (overrides or {}).items() if v is not None}))
-    merged = {}
-    for src, layer in layers:
-        unknown = sorted(set(layer) - set(CONFIG_FIELDS))
-        if unknown:
-            raise ValueError(f"unknown config key(s) {unknown} in {src}; valid keys: {sorted(CONFIG_FIELDS)}")
-        merged.update(layer)
-    cfg = TrainConfig(**merged)
-    cfg.validate()
-    return cfg
-
-
-# -- command line ------------------------------------------------------------------------------------------
-def _flag(name):
-    return "--" + name.replace("_", "-")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """`SPEC [--config FILE.json] [--resume [CKPT]] [--metrics FILE]` plus one flag per TrainConfig field."""
-    parser.add_argument("spec", help="a .miras file (or spec text)")
-    parser.add_argument("--config", metavar="FILE.json", help="JSON object of TrainConfig fields")
-    parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
-                        help=f"resume from CKPT (default: OUT_DIR/{CHECKPOINT}; starts fresh if it does not exist)")
-    parser.add_argument("--metrics", metavar="FILE", help=f"JSONL metrics file (default: OUT_DIR/{METRICS})")
-    parser.add_argument("--stop-at", type=int, metavar="STEP",
-                        help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
-    group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
-    hints = {"int": int, "float": float, "str": str, "int | None": int, "str | None": str}
-    for name, f in CONFIG_FIELDS.items():
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        kw = {"dest": name, "default": None, "help": f"{f.metadata.get('help', '')} [{default}]"}
-        if f.type in ("bool", "bool | None"):
-            kw["action"] = argparse.BooleanOptionalAction
-        elif f.type == "dict":
-            kw["type"], kw["metavar"] = json.loads, "JSON"
-        else:
-            kw["type"] = hints[f.type]
-            kw["metavar"] = name.upper() if name not in ("data", "out_dir") else "DIR"
-        group.add_argument(_flag(name), **kw)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,11 +75,12 @@ def main(argv=None) -> int:
 
 # -- pieces ------------------------------------------------------------------------------------------------
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr over cfg.warmup steps, then cosine to cfg.min_lr at the last step."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    span = max(1, cfg.steps - cfg.warmup - 1)
-    t = min(1.0, (step - cfg.warmup) / span)
+    """Linear warmup to cfg.lr over cfg.warmup_steps, then cosine to cfg.min_lr at the last step."""
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    span = max(1, cfg.steps - warmup - 1)
+    t = min(1.0, (step - warmup) / span)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
 
 
@@ -326,6 +218,37 @@ def load_checkpoint_into(ckpt: dict, model, optimizer):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+# TrainConfig fields that decide the model's parameters (and so the checkpoint's tensors)
+MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
+
+
+def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
+    """A checkpoint continues only the model it was saved from: the same design (spec) and the same sizes.
+    Raises ValueError naming every difference (instead of load_state_dict's key and shape dump)."""
+    import mirasc
+    from mirasc import spec as S
+
+    mine, theirs = mirasc.parse_text(text), mirasc.parse_text(ckpt["spec"], str(src))
+    diffs = []
+    for part in ("memory", "bias", "retention", "learner", "parallel"):
+        a, b = getattr(theirs, part), getattr(mine, part)
+        if a != b:
+            diffs.append(f"{part} `{S.form_text(a)}` in the checkpoint, `{S.form_text(b)}` here")
+    for option, a in theirs.layer:
+        b = getattr(mine.layer, option)
+        if a != b:
+            diffs.append(f"layer option {option} = {S.format_value(a)} in the checkpoint, {S.format_value(b)} here")
+    saved = config_from(ckpt["config"])
+    for name in MODEL_FIELDS:
+        a, b = getattr(saved, name), getattr(cfg, name)
+        if a != b:
+            diffs.append(f"{name} {json.dumps(a)} in the checkpoint, {json.dumps(b)} here")
+    if diffs:
+        raise ValueError(f"--resume {src}: the checkpoint is of another model (spec `{theirs.name}`, "
+                         f"step {ckpt['step']}): " + "; ".join(diffs) + ". Resume with the same spec and sizes, "
+                         "or start a new run in another --out-dir")
+
+
 def load_model(path: str | Path, map_location="cpu"):
     """The LanguageModel stored in a checkpoint (for sampling or evaluation)."""
     from mirasc.models import build
@@ -425,9 +348,14 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
     ckpt = None
     if resume is not None:
         src = ckpt_path if resume == "auto" else Path(resume)
+        if src.is_dir():  # a run directory: its checkpoint
+            src = src / CHECKPOINT
         if src.exists():
             ckpt = torch.load(src, map_location="cpu", weights_only=False)
+            if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config", "spec"} <= set(ckpt):
+                raise ValueError(f"--resume {src}: not a mirasc train checkpoint")
             cfg = config_from(config or ckpt["config"], config_file, overrides)
+            check_resumable(ckpt, text, cfg, src)
             out_dir = Path(cfg.out_dir or out_dir)
             ckpt_path = out_dir / CHECKPOINT
         elif resume != "auto":

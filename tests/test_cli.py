@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "specs"
 GOOD = "model m {\n    memory = linear\n    bias = l2\n    learner = gd(lr=gate)\n}\n"
 BAD = "model m {\n    memory = linear\n    bias = lp(p=0.5)\n}\n"
+BUNDLED = sorted(p.stem for p in SPECS.glob("*.miras"))
 
 
 def write(tmp_path: Path, text: str, name: str = "x.miras") -> Path:
@@ -145,7 +147,7 @@ def test_internal_error_exit_1(tmp_path, capsys, monkeypatch):
         raise RuntimeError("simulated")
 
     monkeypatch.setattr(compiler, "compile_text", boom)
-    assert main(["check", str(write(tmp_path, GOOD))]) == 1
+    assert main(["compile", str(write(tmp_path, GOOD)), "-o", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "internal error" in err and "RuntimeError: simulated" in err
 
@@ -199,6 +201,23 @@ def test_explain_latex(capsys):
     assert "\\" in out and "\\sqrt" in out and "\\operatorname{erf}" in out
 
 
+@pytest.mark.parametrize("name", BUNDLED)
+def test_explain_latex_converts_every_line(name, capsys):
+    """--latex: the spec in a verbatim block, then every equation line `label: $...$` in plain ASCII
+    (no Unicode left over), with balanced braces and math delimiters."""
+    assert main(["explain", str(SPECS / f"{name}.miras"), "--latex"]) == 0
+    out = capsys.readouterr().out
+    verbatim, equations = out.split("\\end{verbatim}\n")
+    assert verbatim.startswith("\\begin{verbatim}\nmodel ")
+    lines = [line for line in equations.splitlines() if line.strip()]
+    assert len(lines) >= 2
+    for line in lines:
+        assert line.isascii(), line
+        label, math = line.split(": ", 1)
+        assert re.fullmatch(r"[A-Za-z][\w \-]*", label) and math.startswith("$") and math.endswith("$"), line
+        assert math.count("$") == 2 and math.count("{") == math.count("}"), line
+
+
 def test_explain_bad_spec_exit_2(tmp_path, capsys):
     assert main(["explain", str(write(tmp_path, BAD))]) == 2
     assert capsys.readouterr().out == ""
@@ -233,3 +252,106 @@ def test_demo_without_chunked_form(capsys):
 def test_demo_bad_spec_exit_2(tmp_path, capsys):
     assert main(["demo", str(write(tmp_path, BAD)), "--length", "8", "--dim", "4"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ every command, every spec
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_every_command_works_on_every_bundled_spec(name, tmp_path, capsys):
+    """check, compile, explain and demo (tiny sizes) exit 0 on each bundled spec, with no internal error."""
+    spec = str(SPECS / f"{name}.miras")
+    for argv in (["check", spec], ["compile", spec, "-o", str(tmp_path)], ["explain", spec],
+                 ["demo", spec, "--batch", "1", "--length", "8", "--heads", "2", "--dim", "4"]):
+        assert main(argv) == 0, argv
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err and "internal error" not in captured.err, (argv, captured.err)
+        assert captured.out.strip(), argv
+    assert (tmp_path / f"{name}.py").is_file()
+
+
+def test_demo_of_cross_attention_says_there_is_no_cache(capsys):
+    assert main(["demo", str(SPECS / "bahdanau.miras"), "--batch", "1", "--length", "8", "--heads", "1",
+                 "--dim", "4"]) == 0
+    assert "final state: none (causal=false reads the given k, v" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["--heads", "3"], "cannot run at B=1 T=8 H=3 D=4: head_mix=2 needs the number of heads to be a multiple"),
+    (["--heads", "0"], "--heads 0: sizes must be >= 1"),
+])
+def test_demo_bad_sizes_exit_2(argv, words, capsys):
+    sizes = {"--batch": "1", "--length": "8", "--heads": "2", "--dim": "4"}
+    sizes.update(dict(zip(argv[::2], argv[1::2])))
+    assert main(["demo", str(SPECS / "mta.miras"), *[x for kv in sizes.items() for x in kv]]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_builtin_forms_always_derive():
+    """`mirasc check` skips the symbolic derivation for specs without expressions; that is sound only if
+    every spec of built-in forms the front end accepts also derives. Check it over the vocabulary."""
+    import itertools
+
+    from mirasc import SpecError, derive, parse_text
+
+    memories = ["linear"] + [f"mlp(act={a})" for a in ("gelu", "silu", "relu", "tanh", "identity")]
+    biases = ["dot", "l2", "lp(p=1, eps=0)", "lp(p=1.5, eps=0)", "lp(p=3)", "huber", "huber(delta=0.5)",
+              "huber(mode=mixture)"]
+    retentions = ["none", "decay", "decay(order=pre)", "lq(q=4)", "kl", "elastic(lam=0.01)"]
+    learners = ["gd", "momentum", "implicit(lr=0.5)"]
+    accepted = 0
+    for m, b, r, lr in itertools.product(memories, biases, retentions, learners):
+        text = f"model m {{ memory = {m}; bias = {b}; retention = {r}; learner = {lr} }}"
+        try:
+            spec = parse_text(text)
+        except SpecError:
+            continue
+        assert not spec.has_expressions
+        derive.derive(spec)   # raises DerivationError if this shortcut were unsound
+        accepted += 1
+    assert accepted > 300
+
+
+def test_check_of_an_expression_spec_still_derives(tmp_path, capsys):
+    spec = write(tmp_path, "model m {\n    memory = linear\n    bias = custom(loss=log(e^2))\n}\n")
+    assert main(["check", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:3:12: the loss derivative is not finite and real at e = 0.0: it is infinite" in err
+
+
+# ------------------------------------------------------------------------------- start-up: imports, warnings
+def _run_python(code: str, extra_path: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, str(ROOT), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=ROOT)
+
+
+def test_help_and_check_import_neither_torch_nor_triton_nor_sympy():
+    """What keeps `mirasc --help` and `mirasc check` fast (about 0.25 s and 0.6 s on the shared 2-core
+    machine): they load argparse, lark and pydantic only."""
+    code = ("import sys, contextlib, io\nfrom mirasc.cli import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['--help'])\n"
+            "assert main(['check', 'specs/moneta.miras']) == 0\n"
+            "print(sorted(m for m in ('torch', 'triton', 'sympy', 'networkx', 'numpy') if m in sys.modules))\n")
+    res = _run_python(code)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_no_numpy_warning_without_numpy(tmp_path):
+    """numpy is not a dependency. Without it torch warns "Failed to initialize NumPy" on import; mirasc's
+    commands must not print that (a package named numpy that fails to import stands for a missing numpy)."""
+    fake = tmp_path / "no_numpy" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    plain = _run_python("import torch; torch.zeros(1)", extra_path=str(fake.parent))
+    assert "Failed to initialize NumPy" in plain.stderr   # the environment really lacks numpy for torch
+    code = ("import sys\nfrom mirasc.cli import main\n"
+            "assert main(['check', 'specs/moneta.miras']) == 0\n"
+            "assert main(['demo', 'specs/deltanet.miras', '--length', '8', '--dim', '4', '--heads', '1']) == 0\n")
+    res = _run_python(code, extra_path=str(fake.parent))
+    assert res.returncode == 0, res.stderr
+    assert "NumPy" not in res.stderr and "Warning" not in res.stderr, res.stderr

@@ -27,10 +27,12 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
-def test_memn2n_babi_tiny():
+def test_memn2n_babi_tiny(capsys):
     ex = _load("memn2n_babi")
     # 3 hops only (the 1-vs-3 comparison needs the full run); chance per task: 1/6 places, 1/4 counts, 1/2 yes/no
     res = ex.main(["--tiny", "--hops", "3", "--quiet"])[3]
+    out = capsys.readouterr().out   # --quiet: no progress, but the results
+    assert "held-out accuracy per task" in out and "training MemN2N" not in out
     assert res["loss_last"] < 0.6 * res["loss_first"], res
     acc = res["acc"]
     # single supporting fact: chance 1/6 ~ 0.17; require +0.15 above it
@@ -41,10 +43,11 @@ def test_memn2n_babi_tiny():
     assert acc["counting"] > ex.CHANCE["counting"] + 0.2, acc
 
 
-def test_bahdanau_align_tiny(tmp_path):
+def test_bahdanau_align_tiny(tmp_path, capsys):
     ex = _load("bahdanau_align")
     png = tmp_path / "align.png"
     res = ex.main(["--tiny", "--quiet", "--out", str(png)])
+    assert f"held-out exact match {res['exact_match']:.4f}" in capsys.readouterr().out   # results despite --quiet
     assert res["loss_last"] < 0.25 * res["loss_first"], res
     # exact match of a whole 7-token date: chance ~1/73000 (ex.CHANCE_EXACT); require +0.25 (seed 0 reaches ~0.99,
     # other seeds 0.58-0.99 at this size); per-token accuracy (chance ~1/10 per digit) above 0.8
@@ -54,9 +57,11 @@ def test_bahdanau_align_tiny(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_mta_toy_tiny():
+def test_mta_toy_tiny(capsys):
     ex = _load("mta_toy")
     res = ex.main(["--tiny", "--quiet", "--models", "mta"])
+    out = capsys.readouterr().out   # --quiet: no progress, but the results
+    assert f"mta      acc {res['mta']['acc']:.3f}" in out and "training mta" not in out
     r = res["mta"]
     assert r["loss_last"] < r["loss_first"] - 0.1, r
     # tiny task: chance 1/K = 1/4 (K = 4 blocks); single-token matching is bounded by ~1/2 (each query letter

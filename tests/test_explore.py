@@ -123,3 +123,77 @@ def test_evaluate_scores_perfect_and_constant_models():
 
     acc, exact = explore.evaluate(Constant(), "mqar", cfg, [32], 8, 4)
     assert acc == {32: 0.0} and exact == {32: 0.0}
+
+
+ONE = ["--steps", "2", "--batch-size", "4", "--d-model", "16", "--heads", "2", "--layers", "1", "--seq-len", "24",
+       "--task-opt", "num_kv_pairs=4", "--eval-lengths", "24", "--eval-examples", "8", "--seeds", "0",
+       "--threads", "1", "--quiet", "--no-plots"]
+
+
+def test_chance_level_beside_every_score_and_flagged_cells(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert explore.main(["--memory", "linear"] + ONE + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    chance = 1 / T.MQARConfig().num_keys
+    assert f"chance level (mqar, best guess without the context): {chance:.4f} at length 24" in text
+    header = next(line for line in text.splitlines() if line.startswith("#  design"))
+    assert header.split()[:6] == ["#", "design", "acc", "±", "chance", "@24"]
+    assert "NOT ABOVE CHANCE" in text and "did not beat chance" in text   # 2 steps learn nothing
+    row = json.loads((out / "leaderboard.json").read_text())["leaderboard"][0]
+    assert row["chance"] == pytest.approx(chance) and row["chance@24"] == pytest.approx(chance)
+    assert row["beats_chance"] is False
+    with open(out / "leaderboard.csv", newline="") as f:
+        assert list(csv.DictReader(f))[0]["beats_chance"] == "False"
+
+
+def test_beating_chance_needs_two_standard_errors():
+    def cell(acc):
+        return {"spec": f"model m{acc} {{}}", "label": str(acc), "name": "m", "axes": {}, "train_length": 24,
+                "accuracy": {"24": acc}, "exact_match": {"24": 0.0}, "scored": {"24": 100}, "final_loss": 1.0,
+                "params": 1, "state_floats": 1, "seconds": 1.0, "status": "ok"}
+
+    rows = explore.leaderboard([cell(1.0), cell(0.05), cell(0.2)], [24], {24: 0.05})
+    assert {r["label"]: r["beats_chance"] for r in rows} == {"1.0": True, "0.05": False, "0.2": True}
+    # 0.09 over 100 tokens is within 2 standard errors (0.044) of 0.05; over 10 000 it is far above
+    assert not explore.above_chance(0.09, 0.05, 100) and explore.above_chance(0.09, 0.05, 10_000)
+
+
+def test_interrupt_writes_the_leaderboard_of_finished_cells(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    real = explore.train_cell
+    calls = []
+
+    def first_then_ctrl_c(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(explore, "train_cell", first_then_ctrl_c)
+    assert explore.main(["--memory", "linear", "--bias", "l2", "dot"] + ONE + ["--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert "interrupted after 1 of 2 cell(s) to train" in captured.err
+    assert "trained 1 cell(s), resumed 0, failed 0, not run 1 (interrupted)" in captured.out
+    with open(out / "leaderboard.csv", newline="") as f:
+        assert [r["label"] for r in csv.DictReader(f)] == ["linear | l2 | none | gd | exact"]
+    assert len(list((out / "cells").glob("*.json"))) == 1
+
+
+def test_time_estimate_and_note_on_a_costly_exact_cell(tmp_path, capsys, monkeypatch):
+    """Before training: seconds per step and per cell for each design, a total, and a note when an exact
+    design's minibatch(C) form is >= 5x cheaper (here the timing is set: the real one depends on the machine)."""
+    def fake_step(cand, opts):
+        return 2.0 if "parallel  = exact" in cand.canonical else 0.1
+
+    monkeypatch.setattr(explore, "time_step", fake_step)
+    monkeypatch.setattr(explore, "train_cell", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no training")))
+    argv = ["--memory", "mlp", "linear", "--learner", "gd", "implicit"] + ONE + ["--out", str(tmp_path / "run")]
+    assert explore.main(argv) == 1
+    text = capsys.readouterr().out
+    # 2 steps + evaluation (2 batches at 1/3 of a step): 5.3 s
+    assert "mlp | l2 | none | gd | exact              2.000 s/step  ~5 s per seed" in text
+    assert "total ~" in text and "for 3 cell(s)" in text
+    assert "note: `mlp | l2 | none | gd | exact` takes ~2.00 s/step token by token (exact); with " \
+           "`parallel = minibatch(C=16)` it takes ~0.10 s/step (20x cheaper)" in text
+    assert "note: `linear | l2 | none | gd | exact` takes ~2.00 s/step" in text
+    assert "note: `linear | l2 | none | implicit" not in text    # implicit has no minibatch form

@@ -32,7 +32,7 @@ def reject(text: str, path: str = "t.miras") -> SpecError:
     with pytest.raises(SpecError) as info:
         compile_text(text, path)
     err = info.value
-    assert str(err) == f"{path}:{err.line}:{err.col}: {err.message}"
+    assert str(err) == "\n".join(f"{path}:{e.line}:{e.col}: {e.message}" for e in err.all)
     assert "Traceback" not in str(err)
     return err
 
@@ -436,3 +436,64 @@ def test_canonical_round_trip_special_functions(fields):
     """abs(e) used to print as `apow(e, 1)`, sqrt(e^2) as `Abs(e)` and exp(1) as `E`: not valid spec text."""
     spec = parse_text(model(*fields))
     assert parse_text(spec.canonical()) == spec
+
+
+# --------------------------------------------------------------------------------------------------
+# Messages in plain words (no SymPy names, no 300-digit numbers, no Python exception names)
+# --------------------------------------------------------------------------------------------------
+BIG = "9" * 300
+
+
+@pytest.mark.parametrize("fields,fragments", [
+    (("memory = linear", "bias = custom(loss=log(e^2))"),
+     ["not finite and real at e = 0.0: it is infinite (a division by zero or a pole)"]),
+    (("memory = linear", "bias = custom(loss=e^2*log(e^2))"), ["it is undefined (0/0"]),
+    (("memory = linear", "bias = custom(loss=sqrt(e))"), ["it is complex, not real"]),
+    (("memory = linear", f"bias = custom(loss=exp({BIG}*e))"), ["too large to represent (it overflows)"]),
+    (("memory = linear", "bias = l2", f"retention = bregman(phi=-{BIG}*w^2)"), ["φ''(-2.0) = -2e+300;"]),
+    (("memory = linear", "bias = l2", f"retention = bregman(phi={BIG}*w^2 + w^5)"),
+     ["cannot invert φ'(w) = 2e+300*w + 5*w^(4) in closed form"]),
+    (("memory = linear", "bias = custom(loss=" + "sin(" * 500 + "e" + ")" * 500 + ")"),
+     ["expression nested 501 levels deep; at most 64 levels"]),
+], ids=["infinite", "undefined", "complex", "overflow", "long-number", "long-number-in-expression", "deep"])
+def test_messages_in_plain_words(fields, fragments):
+    err = reject(model(*fields))
+    for fragment in fragments:
+        assert fragment in err.message, err.message
+    for leak in ("zoo", "nan", "RecursionError", "InvalidOperation", "decimal", BIG[:20]):
+        assert leak not in err.message, err.message
+    assert len(err.message) < 300, err.message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_empty_file_is_reported_at_its_start(text):
+    err = reject(text)
+    assert (err.line, err.col) == (1, 1)
+    assert "the file is empty" in err.message and "model NAME {" in err.message
+
+
+def test_gate_misspelling_gets_did_you_mean():
+    err = reject(model("memory = linear", "bias = l2", "retention = decay(alpha=gat)"))
+    assert (err.line, err.col) == (4, 29)
+    assert "takes a number or `gate`, not `gat` (did you mean `gate`?)" in err.message
+
+
+def test_every_field_error_of_a_file_is_reported(tmp_path, capsys):
+    text = model("memory = linaer", "bias = l3", "retention = decay(alpha=gat)", "lerner = gd",
+                 "parallel = minibatch(0)")
+    err = reject(text)
+    assert [(e.line, e.col) for e in err.all] == [(2, 14), (3, 12), (4, 29), (5, 5), (6, 26)]
+    assert "did you mean `linear`" in err.all[0].message and "unknown bias `l3`" in err.all[1].message
+    assert "did you mean `learner`" in err.all[3].message and "`minibatch(C=...)`" in err.all[4].message
+    spec = tmp_path / "five.miras"
+    spec.write_text(text, encoding="utf-8")
+    assert main(["check", str(spec)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 5 and all(line.startswith(f"error: {spec}:") for line in lines)
+
+
+def test_missing_fields_are_reported_with_the_bad_ones():
+    err = reject(model("retention = decai"))
+    assert [e.message.split(";")[0] for e in err.all] == [
+        "unknown retention `decai` (did you mean `decay`?)", "model `m` has no `memory` field",
+        "model `m` has no `bias` field"]

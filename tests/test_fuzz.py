@@ -165,12 +165,12 @@ def test_every_spec_survives_single_deletions(spec_file, name):
 
 def test_check_helper_catches_internal_errors(spec_file, monkeypatch):
     """The property above can fail: an internal error makes the CLI answer 1 with a traceback."""
-    import mirasc.compiler as compiler
+    import mirasc.frontend as frontend
 
     def boom(*args, **kwargs):
         raise RuntimeError("simulated internal error")
 
-    monkeypatch.setattr(compiler, "compile_text", boom)
+    monkeypatch.setattr(frontend, "parse_text", boom)   # what `mirasc check` runs first
     code, stderr = run_cli(spec_file, SPEC_TEXTS["deltanet"])
     assert code == 1
     assert "Traceback" in stderr and "internal error" in stderr

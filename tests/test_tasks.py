@@ -155,3 +155,30 @@ def test_at_length_and_registry():
     assert T.at_length("mqar", T.MQARConfig(), 128).num_kv_pairs == 16
     with pytest.raises(ValueError, match="unknown mqar option"):
         T.make_config("mqar", kv_pairs=3)
+
+
+@pytest.mark.parametrize("task,options", [("mqar", {"seq_len": 64, "num_kv_pairs": 8}), ("noisy", {}),
+                                          ("niah", {"needle": "number", "value_digits": 3}),
+                                          ("niah", {"needle": "word", "seq_len": 128})])
+def test_chance_is_the_best_context_free_guess(task, options):
+    """tasks.chance against generated data: the answers at scored positions take the assumed values, and the
+    best guess per answer position (its most frequent target) scores what chance says, within sampling noise."""
+    import collections
+    import math
+
+    cfg = T.make_config(task, **options)
+    _, targets, mask = T.generate(task, cfg, 600, seed=5)
+    p = T.chance(task, cfg)
+    by_position = collections.defaultdict(collections.Counter)   # answer position (i-th scored token) -> counts
+    for row_t, row_m in zip(targets.tolist(), mask.tolist()):
+        answers = [t for t, m in zip(row_t, row_m) if m]
+        for i, t in enumerate(answers):   # NIAH: the i-th answer byte; recall tasks: every answer alike
+            by_position[i if task == "niah" else 0][t] += 1
+    n = sum(sum(c.values()) for c in by_position.values())
+    if task == "niah":
+        best = sum(max(c.values()) for c in by_position.values()) / n
+        assert best == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / n) + 0.01)
+    else:   # each value token is equally likely: no guess beats 1/num_keys
+        counts = by_position[0]
+        assert set(counts) <= set(cfg.value_range()) and p == 1 / len(cfg.value_range())
+        assert max(counts.values()) / n < p + 5 * math.sqrt(p / n)

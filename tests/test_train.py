@@ -222,3 +222,39 @@ def test_config_precedence_cli_and_param_groups(tmp_path):
     assert any(n.endswith("gate_proj.1.bias") for n in nd) and "blocks.0.mlp.down.weight" in d
     assert not any(".initial." in n or "norm" in n or n.endswith("bias") for n in d)
     assert no_decay["weight_decay"] == 0 and decay["weight_decay"] == 0.1
+
+
+def test_resume_into_another_spec_or_size_names_the_difference(tmp_path, capsys):
+    """`mirasc train --resume` with a run directory of another design or size: exit 2 and a sentence that
+    names each difference, not load_state_dict's traceback."""
+    from mirasc.cli import main
+
+    run_dir = tmp_path / "run"
+    tiny = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2",
+            "--max-bytes", "50000", "--eval-windows", "2", "--no-progress"]
+    assert main(["train", SPEC, "--steps", "1", "--warmup", "0", "--out-dir", str(run_dir)] + tiny) == 0
+    capsys.readouterr()
+    other = str(ROOT / "specs" / "titans.miras")
+    assert main(["train", other, "--resume", str(run_dir), "--out-dir", str(run_dir)] + tiny) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "state_dict" not in err
+    assert "the checkpoint is of another model (spec `gated_deltanet`, step 1)" in err
+    assert "memory `linear` in the checkpoint, `mlp(depth=2, expansion=4, act=gelu, residual=true, " \
+           "norm=layernorm)` here" in err
+    assert "learner `gd(lr=gate)` in the checkpoint, `momentum(lr=gate, theta=gate)` here" in err
+    assert "parallel `exact` in the checkpoint, `minibatch(C=64)` here" in err
+    bigger = [a if a != "16" else "32" for a in tiny[:2]] + tiny[2:]
+    assert main(["train", SPEC, "--resume", "--out-dir", str(run_dir)] + bigger) == 2
+    err = capsys.readouterr().err
+    assert "d_model 16 in the checkpoint, 32 here" in err and "memory" not in err
+
+
+def test_default_warmup_ends_within_a_short_run():
+    """Unset, the warm-up is min(20, steps // 10): a 20-step run warms up for 2 steps and then decays."""
+    short = mtrain.TrainConfig(steps=20)
+    assert short.warmup_steps == 2 and mtrain.TrainConfig().warmup_steps == mtrain.DEFAULT_WARMUP == 20
+    lrs = [mtrain.lr_at(s, short) for s in range(20)]
+    assert lrs[1] == pytest.approx(short.lr) and lrs[-1] == pytest.approx(short.min_lr)
+    assert mtrain.TrainConfig(steps=20, warmup=5).warmup_steps == 5
+    with pytest.raises(ValueError, match=r"warmup \(20\) must be shorter than steps \(20\)"):
+        mtrain.config_from(overrides={"steps": 20, "warmup": 20})

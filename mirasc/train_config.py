@@ -1,0 +1,142 @@
+"""The training configuration and the `mirasc train` flags, without importing torch.
+
+`mirasc --help` and every command's argument parsing read this module; `mirasc.train` (which imports
+torch) re-exports everything here and runs the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, field
+
+CHECKPOINT = "checkpoint.pt"
+DEFAULT_WARMUP = 20   # warm-up steps of a long run; a short one warms up for a tenth of its steps
+METRICS = "metrics.jsonl"
+
+
+@dataclass
+class TrainConfig:
+    # model (LMConfig)
+    d_model: int = field(default=128, metadata={"help": "model width"})
+    n_layers: int = field(default=2, metadata={"help": "number of blocks"})
+    n_heads: int = field(default=2, metadata={"help": "memory heads per layer"})
+    mlp_hidden: int = field(default=0, metadata={"help": "SwiGLU hidden size (0: 8/3 d_model, rounded to 32)"})
+    hybrid_every: int = field(default=0, metadata={"help": "every N-th block is sliding-window attention (0: none)"})
+    window: int = field(default=256, metadata={"help": "window of the hybrid attention blocks"})
+    layer_options: dict = field(default_factory=dict,
+                                metadata={"help": "JSON object of Layer options, e.g. '{\"gate_rank\": 16}'"})
+    # data
+    data: str | None = field(default=None, metadata={"help": "text folder (default: the Python stdlib sources)"})
+    max_bytes: int | None = field(default=None, metadata={"help": "cap the corpus to this many bytes"})
+    val_fraction: float = field(default=0.05, metadata={"help": "fraction of files held out for validation"})
+    seq_len: int = field(default=128, metadata={"help": "training context length (bytes)"})
+    batch_size: int = field(default=8, metadata={"help": "global batch size (split over ranks)"})
+    # optimisation
+    steps: int = field(default=200, metadata={"help": "optimizer steps"})
+    lr: float = field(default=2e-3, metadata={"help": "peak learning rate"})
+    min_lr: float = field(default=2e-4, metadata={"help": "final learning rate of the cosine schedule"})
+    warmup: int | None = field(default=None, metadata={
+        "help": f"linear warmup steps (default: min({DEFAULT_WARMUP}, steps // 10), so it ends within the run)"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only)"})
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    beta2: float = field(default=0.95, metadata={"help": "AdamW beta2"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max global gradient norm (0: no clipping)"})
+    # precision, device, parallelism
+    seed: int = field(default=0, metadata={"help": "seed of the initialisation and of the batch order"})
+    dtype: str = field(default="float32", metadata={"help": "parameter dtype: float32 or float64"})
+    bf16: bool | None = field(default=None, metadata={
+        "help": "bf16 autocast (default: on for CUDA devices with bf16, off on the CPU)"})
+    device: str = field(default="auto", metadata={"help": "auto, cpu, cuda, cuda:N"})
+    fsdp: bool = field(default=False, metadata={"help": "shard with FSDP (fully_shard) instead of DDP"})
+    # output
+    out_dir: str | None = field(default=None, metadata={"help": "run directory (default: runs/SPEC_NAME)"})
+    log_every: int = field(default=10, metadata={"help": "log training loss every N steps"})
+    eval_every: int = field(default=0, metadata={"help": "validate every N steps (0: only at the end)"})
+    eval_windows: int = field(default=64, metadata={"help": "validation windows of seq_len bytes"})
+    ckpt_every: int = field(default=100, metadata={"help": "checkpoint every N steps (0: only at the end)"})
+    sample: int = field(default=0, metadata={"help": "generate this many bytes at the end (0: none)"})
+    progress: bool = field(default=True, metadata={"help": "progress bar (tqdm if installed)"})
+
+    @property
+    def warmup_steps(self) -> int:
+        """The warm-up actually used: the given one, else min(DEFAULT_WARMUP, steps // 10)."""
+        return self.warmup if self.warmup is not None else min(DEFAULT_WARMUP, self.steps // 10)
+
+    def lm_config(self):
+        from mirasc.models import LMConfig
+
+        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                        mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every, window=self.window,
+                        layer_options=dict(self.layer_options))
+
+    def validate(self):
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64, got {self.dtype!r}")
+        for name in ("d_model", "n_layers", "n_heads", "seq_len", "batch_size", "log_every", "eval_windows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 0 or (self.warmup or 0) < 0 or self.ckpt_every < 0 or self.eval_every < 0:
+            raise ValueError("steps, warmup, ckpt_every and eval_every must be >= 0")
+        if self.warmup is not None and self.steps > 0 and self.warmup >= self.steps:
+            raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps}): the learning rate "
+                             f"would never reach its peak (leave warmup unset for min({DEFAULT_WARMUP}, steps // 10))")
+        if not isinstance(self.layer_options, dict):
+            raise ValueError("layer_options must be a JSON object")
+
+
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
+                overrides: dict | None = None) -> TrainConfig:
+    """Defaults (or `base`) < JSON file < overrides (keys whose value is None are ignored)."""
+    values = asdict(base) if isinstance(base, TrainConfig) else dict(base or {})
+    layers = [("the base config", values)]
+    if file:
+        with open(file) as fh:
+            loaded = json.load(fh)
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{file}: expected a JSON object of TrainConfig fields")
+        layers.append((file, loaded))
+    layers.append(("the overrides", {k: v for k, v in (overrides or {}).items() if v is not None}))
+    merged = {}
+    for src, layer in layers:
+        unknown = sorted(set(layer) - set(CONFIG_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {unknown} in {src}; valid keys: {sorted(CONFIG_FIELDS)}")
+        merged.update(layer)
+    cfg = TrainConfig(**merged)
+    cfg.validate()
+    return cfg
+
+
+# -- command line ------------------------------------------------------------------------------------------
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`SPEC [--config FILE.json] [--resume [CKPT]] [--metrics FILE]` plus one flag per TrainConfig field."""
+    parser.add_argument("spec", help="a .miras file (or spec text)")
+    parser.add_argument("--config", metavar="FILE.json", help="JSON object of TrainConfig fields")
+    parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
+                        help=f"resume from CKPT (default: OUT_DIR/{CHECKPOINT}; starts fresh if it does not exist)")
+    parser.add_argument("--metrics", metavar="FILE", help=f"JSONL metrics file (default: OUT_DIR/{METRICS})")
+    parser.add_argument("--stop-at", type=int, metavar="STEP",
+                        help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
+    group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
+    hints = {"int": int, "float": float, "str": str, "int | None": int, "str | None": str}
+    for name, f in CONFIG_FIELDS.items():
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kw = {"dest": name, "default": None, "help": f"{f.metadata.get('help', '')} [{default}]"}
+        if f.type in ("bool", "bool | None"):
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.type == "dict":
+            kw["type"], kw["metavar"] = json.loads, "JSON"
+        else:
+            kw["type"] = hints[f.type]
+            kw["metavar"] = name.upper() if name not in ("data", "out_dir") else "DIR"
+        group.add_argument(_flag(name), **kw)
+    return parser
