@@ -56,10 +56,13 @@ def main(argv=None):
                 try:
                     rows = kr.report(str(ROOT / "specs" / f"{name}.miras"), target=target, dk=d, dv=d, dtype=a.dtype,
                                      T=a.length, which="extremes" if a.extremes else "all")
-                except Exception as err:  # a module without Triton kernels, or one that cannot be traced
-                    msg = str(err).splitlines()[0]
-                    what = "torch only" if msg.startswith("no Triton kernel") else "**error**"
-                    lines.append(f"| {name} | {d} | {target} | 0 | {what}: {msg[:90]} | | | | | | |")
+                except kr.NoKernels as err:  # a module without Triton kernels
+                    lines.append(f"| {name} | {d} | {target} | 0 | torch only: {str(err)[:90]} | | | | | | |")
+                    print(lines[-1], flush=True)
+                    continue
+                refused = [r for r in rows if r.kernel.endswith("refused)")]
+                if refused:  # a kernel the module will not launch at this size: the reason, verbatim
+                    lines.append(f"| {name} | {d} | {target} | — | **refused**: {refused[0].error[:160]} | | | | | | |")
                     print(lines[-1], flush=True)
                     continue
                 summ = kr.summarize(rows)

@@ -183,9 +183,13 @@ def cmd_kernels(args) -> int:
     for spec in args.spec:
         _load(spec)  # a bad spec is reported like everywhere else (exit 2)
         print(f"== {spec}: {args.target}, Dk={args.dk} Dv={args.dv or args.dk}, {args.dtype}, T={args.length}")
-        rows = kr.report(spec, target=args.target, dk=args.dk, dv=args.dv or args.dk, dtype=args.dtype,
-                         T=args.length, chunk=args.chunk, which="extremes" if args.extremes else "all",
-                         algorithms=args.algorithm)
+        try:
+            rows = kr.report(spec, target=args.target, dk=args.dk, dv=args.dv or args.dk, dtype=args.dtype,
+                             T=args.length, chunk=args.chunk, which="extremes" if args.extremes else "all",
+                             algorithms=args.algorithm)
+        except kr.NoKernels as err:
+            print(f"{spec}: {err} (nothing to compile)")
+            continue
         print(kr.format_rows(rows) if args.all else kr.format_summary(kr.summarize(rows)))
         for s in kr.summarize(rows):
             if s["kept_fit"] == 0 or s["kept_not_fit"]:

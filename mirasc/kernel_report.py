@@ -31,6 +31,10 @@ TARGETS = {"sm_80": (80, 166912), "sm_86": (86, 101376), "sm_89": (89, 101376), 
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 
 
+class NoKernels(Exception):
+    """The spec's module has no Triton kernel at all (it runs on torch only); the message says why."""
+
+
 @dataclass
 class Row:
     kernel: str
@@ -186,13 +190,23 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
             gates = {n: torch.rand(1, T, heads, generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
             kw = {} if chunk is None else {"chunk_size": chunk}
             direction[0] = "fwd"
-            if hasattr(module, "WEIGHTS"):
-                o, _ = module.apply(q, k, v, gates, backend="triton", algorithm=algorithm, **kw)
-            else:  # a nonparametric memory (attention)
-                o = module.apply(q, k, v, backend="triton")
-                o = o[0] if isinstance(o, tuple) else o
-            direction[0] = "bwd"
-            o.float().sum().backward()
+            try:
+                if hasattr(module, "WEIGHTS"):
+                    o, _ = module.apply(q, k, v, gates, backend="triton", algorithm=algorithm, **kw)
+                else:  # a nonparametric memory (attention)
+                    o = module.apply(q, k, v, backend="triton")
+                    o = o[0] if isinstance(o, tuple) else o
+                direction[0] = "bwd"
+                o.float().sum().backward()
+            except (RuntimeError, ValueError) as err:  # the module refuses: no kernel for it, or not at this size
+                msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+                if msg.startswith("no Triton kernel"):
+                    raise NoKernels(msg) from None
+                row = Row(kernel=f"({algorithm} {direction[0]}: refused)", config={}, error=msg,
+                          direction=direction[0])
+                rows.append(row)
+                if on_row:
+                    on_row(row)
     finally:
         JITFunction.run = saved_run
     return rows
