@@ -39,6 +39,8 @@ def main(argv=None):
     ap.add_argument("--length", type=int, default=128)
     ap.add_argument("--extremes", action="store_true")
     ap.add_argument("--specs", nargs="+", default=None)
+    ap.add_argument("--algorithm", nargs="+", default=None, choices=["chunked", "recurrent"],
+                    help="trace only these algorithms (default: every algorithm each spec has)")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="mirasc-kernel-table-"))
     from mirasc import kernel_report as kr
@@ -55,7 +57,7 @@ def main(argv=None):
                 t0 = time.perf_counter()
                 try:
                     rows = kr.report(str(ROOT / "specs" / f"{name}.miras"), target=target, dk=d, dv=d, dtype=a.dtype,
-                                     T=a.length, which="extremes" if a.extremes else "all")
+                                     T=a.length, which="extremes" if a.extremes else "all", algorithms=a.algorithm)
                 except kr.NoKernels as err:  # a module without Triton kernels
                     lines.append(f"| {name} | {d} | {target} | 0 | torch only: {str(err)[:90]} | | | | | | |")
                     print(lines[-1], flush=True)
@@ -81,7 +83,8 @@ def main(argv=None):
                     f"{max((r.compile_s for r in rows), default=0):.1f} | {worst['kernel'] if worst else ''} |")
                 print(lines[-1], f"({time.perf_counter() - t0:.0f} s)", flush=True)
                 every += [dict(r.__dict__, spec=name, d=d, target=target) for r in rows]
-    head = (f"`python benchmarks/kernel_table.py{' --extremes' if a.extremes else ''}` — {a.dtype}, T={a.length}, "
+    flags = (" --extremes" if a.extremes else "") + (f" --algorithm {' '.join(a.algorithm)}" if a.algorithm else "")
+    head = (f"`python benchmarks/kernel_table.py{flags}` — {a.dtype}, T={a.length}, "
             f"Triton {__import__('triton').__version__}, {time.perf_counter() - t_all:.0f} s on this machine\n\n")
     text = head + "\n".join(lines) + "\n"
     if a.out:
