@@ -121,6 +121,8 @@ def test_every_parametric_spec_has_the_generated_backward():
 
 # Variants: the per-token factor path of an exact spec, and of a mini-batch too small for tl.dot (4).
 SEGMENT_VARIANTS = {
+    "kl_linear": "memory = linear\nbias = l2\nretention = kl(c=1, alpha=gate)\nlearner = gd(lr=gate)",
+    "lq_linear": "memory = linear\nbias = l2\nretention = lq(q=4, alpha=gate)\nlearner = gd(lr=gate)",
     "huber_momentum_decay_post": "memory = linear\nbias = huber(delta=gate)\nretention = decay(alpha=gate, "
                                  "order=post)\nlearner = momentum(lr=gate, theta=gate)",
     "kl_minibatch4": "memory = mlp(depth=2, expansion=2, act=silu)\nbias = l2\nretention = kl(c=1, alpha=gate)\n"
@@ -135,12 +137,20 @@ def test_generated_backward_over_several_segments(name):
     specs with C >= 16 compute each mini-batch's factors and their reverse as tile computations.
     Tolerance: 2e-5, or twice the float32 torch path's own worst error where the problem is worse
     conditioned (Memora: ~7e-5 on k for both)."""
+    mod = _module(name)
+    _check_vs_float64(mod, (4, 4) if "residual=true" in mod.SPEC else (6, 5))
+
+
+def _module(name):
     if name in SEGMENT_VARIANTS:
-        mod = mirasc.compile_spec(f"model {name} {{\n{SEGMENT_VARIANTS[name]}\n}}\n")
-    else:
-        mod = mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
-    dims = (4, 4) if "residual=true" in mod.SPEC else (6, 5)
-    q, k, v, gates, state = inputs(mod, 1, 40, 1, *dims, seed=1)
+        return mirasc.compile_spec(f"model {name} {{\n{SEGMENT_VARIANTS[name]}\n}}\n")
+    return mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
+
+
+def _check_vs_float64(mod, dims, T=40):
+    """backend="triton" vs the float64 torch recurrence: outputs, final state and the gradients of q, k, v,
+    every gate and the initial state, through a random linear loss."""
+    q, k, v, gates, state = inputs(mod, 1, T, 1, *dims, seed=1)
     names = ["q", "k", "v", *gates, *state]
 
     def run(backend, dtype):  # the reference is the torch recurrence in float64 (fp32's own rounding is ~5e-5)
@@ -158,3 +168,51 @@ def test_generated_backward_over_several_segments(name):
     fp32_worst = max(rel(c, b) for c, b in zip(run("torch", torch.float32), ref))
     for n, a, b in zip(names, run("triton", torch.float32), ref):
         assert rel(a, b) < max(2e-5, 2 * fp32_worst), n
+
+
+# V tiles (issue 10): where every value row of a linear memory updates on its own, the recurrent kernels
+# run on a grid (cdiv(Dv, BV), B·H) and each program owns BV rows of the state; dq, dk and the gates'
+# gradients are per-tile partial sums. The interpreter uses BV = 4 (16 with batched factors, for tl.dot).
+V_TILED = ["custom_cauchy", "deltanet", "gated_deltanet", "hyperbolic_mirror", "linear_attention", "longhorn",
+           "mamba2", "retnet", "sparse_lp", "ttt_linear"]
+
+
+def test_v_tiles_cover_the_row_separable_specs():
+    tiled = sorted(p.stem for p in SPECS if mirasc.compile_spec(p)._V_TILES)
+    assert tiled == V_TILED
+    for name, why in [("moneta", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
+        mod = _module(name)
+        assert not mod._V_TILES and why in mod._V_TILE_REASON
+        assert mod._tile_config(8, 24, 32, mod._TILES_FWD, False)[2] == 1  # one program holds every row
+    assert _module("kl_linear")._V_TILES  # softmax over each row (over K): rows stay separable
+
+
+@pytest.mark.parametrize("name", ["custom_cauchy", "gated_deltanet", "hyperbolic_mirror", "kl_linear", "longhorn",
+                                  "huber_momentum_decay_post", "sparse_lp", "ttt_linear"])
+def test_v_tiles_match_the_float64_recurrence(name):
+    """Dv = 20 spans 2 tiles of 16 (batched factors: sparse_lp, hyperbolic_mirror, ttt_linear) or 5 tiles of 4,
+    the last one partly padded; T = 40 crosses checkpoint and mini-batch boundaries."""
+    mod = _module(name)
+    Dk, Dv = 6, 20
+    n_v = mod._tile_config(Dk, Dv, 1, mod._TILES_FWD, False)[2]
+    assert n_v == (2 if mod._FACTOR_BLOCK else 5)
+    assert mod._tile_config(Dk, Dv, 1, mod._TILES_BWD, True)[2] == n_v
+    _check_vs_float64(mod, (Dk, Dv))
+
+
+def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
+    """Outside the interpreter BV comes from the resource model: the live [BV, BK] tiles fit the budget of
+    fp32 values per thread, at D = 128 the rows split into several tiles; a coupled spec whose whole state
+    cannot stay on chip is refused with the limit named (the interpreter has no such limit)."""
+    for name in ("sparse_lp", "deltanet", "hyperbolic_mirror", "custom_cauchy"):
+        mod = _module(name)
+        monkeypatch.setattr(mod, "_interpreted", lambda: False)
+        for backward, tiles in ((False, mod._TILES_FWD), (True, mod._TILES_BWD)):
+            for D in (64, 128):
+                bv, warps, n_v = mod._tile_config(D, D, 1, tiles, backward)
+                assert tiles * bv * D <= mod._REG_BUDGET * 32 * warps and n_v == -(-D // bv) >= 2, (name, D)
+    mod = _module("moneta")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    mod._check_fits(8, 8, 32, mod._TILES_FWD, False)
+    with pytest.raises(RuntimeError, match="registers"):
+        mod._check_fits(128, 128, 512, mod._TILES_BWD, True)
