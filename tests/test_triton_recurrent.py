@@ -201,16 +201,19 @@ def test_v_tiles_match_the_float64_recurrence(name):
 
 
 def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
-    """Outside the interpreter BV comes from the resource model: the live [BV, BK] tiles fit the budget of
-    fp32 values per thread, at D = 128 the rows split into several tiles; a coupled spec whose whole state
-    cannot stay on chip is refused with the limit named (the interpreter has no such limit)."""
+    """Outside the interpreter BV comes from the resource model: the forward's live [BV, BK] tiles (and the
+    batched factors' [C, BK] token tiles) fit the budget of fp32 values per thread, and at D = 64 and 128 the
+    rows split into several tiles in both directions; a coupled spec whose whole state cannot stay on chip
+    is refused with the limit named (the interpreter has no such limit)."""
     for name in ("sparse_lp", "deltanet", "hyperbolic_mirror", "custom_cauchy"):
         mod = _module(name)
         monkeypatch.setattr(mod, "_interpreted", lambda: False)
-        for backward, tiles in ((False, mod._TILES_FWD), (True, mod._TILES_BWD)):
-            for D in (64, 128):
-                bv, warps, n_v = mod._tile_config(D, D, 1, tiles, backward)
-                assert tiles * bv * D <= mod._REG_BUDGET * 32 * warps and n_v == -(-D // bv) >= 2, (name, D)
+        for D in (64, 128):
+            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_FWD, False)
+            assert (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps, (name, D)
+            assert n_v == -(-D // bv) >= 2
+            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_BWD, True)
+            assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)
     mod = _module("moneta")
     monkeypatch.setattr(mod, "_interpreted", lambda: False)
     mod._check_fits(8, 8, 32, mod._TILES_FWD, False)

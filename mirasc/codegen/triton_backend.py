@@ -834,7 +834,9 @@ def _factor_scratch(q, v, Ne, names, n_v=1):
 
 
 # ---- launch configuration: a small resource model (registers per thread from the tiles the kernel keeps)
-_REG_BUDGET = 160  # fp32 tile values per thread for the live tiles (of 255 registers; the rest: addresses, vectors)
+# fp32 values per thread the live tiles may take: calibrated on sm_90 compiles at D = 128 (the registers ptxas
+# allocates run ~1.7x this count: addresses, the token's vectors, reductions), so the forward does not spill
+_REG_BUDGET = 72
 
 
 _TILE_OVERRIDE = None  # (BV, num_warps) for every V-tiled launch: set by measurements (resource reports)
@@ -850,9 +852,10 @@ def _tile_config(Dk, Dv, Ne, tiles, backward):
 
     Under the interpreter: BV = 4 (16 where the batched factors need tl.dot), so small tests cross V tiles.
     On a GPU (and for ahead-of-time compiles): the widest BV in 32 .. 1 whose live state tiles
-    (`tiles` [BV, BK] fp32 tiles, counted at code generation) fit _REG_BUDGET values per thread with 4 warps,
-    else 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled specs (_V_TILES False)
-    keep every row in one program: BV = Dv rounded up, checked by _check_fits."""
+    (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
+    mini-batch factors are batched) fit _REG_BUDGET values per thread with 4 warps, else 8 warps; if none
+    does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
+    specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, checked by _check_fits."""
     low = 16 if _FACTOR_BLOCK else 1
     bk = max(low, triton.next_power_of_2(Dk))
     full = max(low, triton.next_power_of_2(Dv))
@@ -865,7 +868,7 @@ def _tile_config(Dk, Dv, Ne, tiles, backward):
     else:
         bv, warps = low, 8
         for cand in (32, 16, 8, 4, 2, 1):
-            fit = [w for w in (4, 8) if tiles * cand * bk <= _REG_BUDGET * 32 * w]
+            fit = [w for w in (4, 8) if (tiles * cand + 2 * _FACTOR_BLOCK) * bk <= _REG_BUDGET * 32 * w]
             if cand >= low and fit:
                 bv, warps = cand, fit[0]
                 break
