@@ -219,3 +219,14 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
     mod._check_fits(8, 8, 32, mod._TILES_FWD, False)
     with pytest.raises(RuntimeError, match="registers"):
         mod._check_fits(128, 128, 512, mod._TILES_BWD, True)
+    assert mod._recurrent_fits(8, 8) and not mod._recurrent_fits(128, 128)  # what backend="auto" asks
+    assert _module("deltanet")._recurrent_fits(128, 128)  # V tiles: every size has a configuration
+
+
+def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
+    """backend="triton" at a size the coupled kernel cannot hold raises before any launch, naming the limit."""
+    mod = _module("memora")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    q, k, v, gates, state = inputs(mod, 1, 2, 1, 64, 64)
+    with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\) in one program"):
+        mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")

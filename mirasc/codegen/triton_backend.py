@@ -876,23 +876,41 @@ def _tile_config(Dk, Dv, Ne, tiles, backward):
     return bv, warps, triton.cdiv(Dv, bv)
 
 
-def _check_fits(Dk, Dv, Ne, tiles, backward):
-    """Coupled specs keep the whole state of a (batch, head) in one program: refuse, with the limit, a size
-    whose live tiles cannot stay on chip (255 registers per thread at 8 warps; past it they spill to local
-    memory and ptxas compiles for minutes). The interpreter has no such limit."""
-    if _V_TILES or _interpreted():
-        return
+_WHOLE_STATE_LIMIT = 255 * 32 * 8  # fp32 values: 255 registers per thread at 8 warps
+
+
+def _whole_state_values(Dk, Dv, Ne, tiles):
+    """fp32 values a coupled spec's kernel keeps live: `tiles` copies of every (padded) weight."""
     low = 16 if _FACTOR_BLOCK else 1
     pad = {"k": max(low, triton.next_power_of_2(Dk)), "v": max(low, triton.next_power_of_2(Dv)),
            "e": max(low, triton.next_power_of_2(Ne))}
-    values = tiles * sum(pad[r] * pad[c] for r, c in _FACTOR_DIMS)
-    limit = 255 * 32 * 8
-    if values > limit:
+    return tiles * sum(pad[r] * pad[c] for r, c in _FACTOR_DIMS)
+
+
+def _recurrent_fits(Dk, Dv):
+    """Whether both recurrent kernels have a configuration for these head sizes on a GPU (what
+    backend='auto' checks before it hands a size to them)."""
+    if triton is None or _V_TILES:
+        return triton is not None
+    Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1
+    return _whole_state_values(Dk, Dv, Ne, _TILES_BWD) <= _WHOLE_STATE_LIMIT
+
+
+def _check_fits(Dk, Dv, Ne, tiles, backward):
+    """Coupled specs keep the whole state of a (batch, head) in one program: refuse, with the limit, a size
+    whose live tiles cannot stay on chip. Measured on sm_90 (Moneta): the limit's edge (D = 16 backward,
+    D = 32 forward) already spills 8 KB and compiles in 25-60 s; beyond it ptxas runs for many minutes
+    (D = 128, E = 512: over 7). The interpreter has no such limit."""
+    if _V_TILES or _interpreted():
+        return
+    values = _whole_state_values(Dk, Dv, Ne, tiles)
+    if values > _WHOLE_STATE_LIMIT:
         raise RuntimeError(
             f"the fused recurrent Triton {'backward' if backward else 'forward'} kernel of this spec keeps the whole "
             f"memory of a (batch, head) in one program ({_V_TILE_REASON}): about {values} fp32 values at Dk={Dk}, "
-            f"Dv={Dv}, hidden {Ne}, over the {limit} that fit in registers (255 per thread, 8 warps). Use "
-            f"backend='torch', algorithm='chunked' where the spec has it, or smaller heads")
+            f"Dv={Dv}, hidden {Ne}, over the {_WHOLE_STATE_LIMIT} that fit in registers (255 per thread, 8 warps). "
+            f"Use backend='torch', algorithm='chunked' where the spec has it, or smaller heads")
+
 
 if triton is not None:
 {{KERNEL}}
