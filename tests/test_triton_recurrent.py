@@ -230,3 +230,43 @@ def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
     q, k, v, gates, state = inputs(mod, 1, 2, 1, 64, 64)
     with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\) in one program"):
         mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
+
+
+def test_gpu_autotune_picks_the_fastest_fitting_config_once(monkeypatch):
+    """On a GPU the first launch per (kernel, head sizes, dtype, device) times the resource model's fitting
+    configurations and keeps the fastest (here with a fake timer; the interpreter never tunes)."""
+    mod = _module("deltanet")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    monkeypatch.setattr(mod, "_TUNED", {})
+    candidates = mod._tile_candidates(128, 128, 1, mod._TILES_FWD)
+    assert len(candidates) >= 3 and candidates[0] == mod._tile_config(128, 128, 1, mod._TILES_FWD, False)[:2]
+    cost = {cfg: 1.0 + i for i, cfg in enumerate(candidates)}
+    cost[candidates[2]] = 0.5
+    launched = []
+
+    def timer(fn):
+        fn()
+        return cost[launched[-1]]
+
+    best = mod._pick_config("key", candidates, launched.append, timer=timer)
+    assert best == candidates[2] and set(launched) == set(candidates[:mod._TUNE_MAX])
+    n = len(launched)
+    assert mod._pick_config("key", candidates, launched.append, timer=timer) == best and len(launched) == n
+
+
+def test_v_tile_width_does_not_change_the_result(monkeypatch):
+    """BV = 8 and the interpreter's BV = 4 compute the same outputs, final state and gradients."""
+    mod = _module("gated_deltanet")
+    q, k, v, gates, state = inputs(mod, 1, 9, 2, 6, 20, seed=3)
+    leaves = [q, k, v, *gates.values()]
+
+    def run():
+        xs = [t.detach().requires_grad_(True) for t in leaves]
+        o, final = mod.apply(*xs[:3], dict(zip(gates, xs[3:])), state=state, backend="triton",
+                             algorithm="recurrent")
+        return [o, final["W"], *torch.autograd.grad((o * o).sum() + final["W"].sum(), xs)]
+
+    ref = run()
+    monkeypatch.setattr(mod, "_TILE_OVERRIDE", (8, 4))
+    for a, b in zip(run(), ref):
+        assert rel(a, b) < 1e-6

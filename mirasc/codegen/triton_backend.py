@@ -1,7 +1,17 @@
 """Triton backend (issue 3, first part): a fused recurrent forward kernel for every parametric spec,
 printed from the same IR graphs and derivation as the torch module.
 
-One program per (batch, head) keeps the memory weights (and accumulators, momentum buffers and the
+Schedule (issue 10). Where every value row of a linear memory updates on its own (`v_tile_reason` is None:
+l2/dot/lp/huber/custom biases, none/decay/elastic/bregman/kl retention — kl's softmax runs along each row —
+gd/implicit/momentum learners), the grid is (cdiv(Dv, BV), B·H) like FLA's fused_recurrent: each program
+owns BV rows of the weights (and of accumulators, momentum and anchor) with all of K, so the state held in
+registers is [BV, BK] per tile; dq, dk and the gates' gradients, which sum over rows, are per-tile partial
+sums the launcher adds up. BV and the warps come from a resource model (live tiles × BV × BK fp32 values per
+thread, calibrated on sm_90 compiles) and, on a GPU, a timed pick among the configurations that fit.
+Coupled specs (MLP memories, lq's whole-matrix norm, huber mixture's ‖e‖) keep one program per (batch, head)
+with the whole state, and are refused on a GPU past the register limit.
+
+Each program keeps its part of the memory weights (and accumulators, momentum buffers and the
 mini-batch anchor) in registers as [rows, cols] tiles and walks the tokens: the gradient factors are
 the `memory_grad` graph printed as matrix-vector code, the learner and retention are elementwise tile
 updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
@@ -784,8 +794,9 @@ def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]
 SECTION = '''
 
 # ----------------------------------------------------------------------------------------------
-# Triton: fused recurrent kernels, printed from the IR (one program per (batch, head); the memory
-# lives in registers; tokens are walked in order). The backward is a generated reverse sweep over
+# Triton: fused recurrent kernels, printed from the IR (one program per (V tile, batch·head) where the
+# value rows update independently, else per (batch, head); the program's rows of the memory live in
+# registers; tokens are walked in order). The backward is a generated reverse sweep over
 # checkpointed segments (_fused_recurrent_bwd) where _BWD_STATE is non-empty, else it recomputes the
 # torch recurrence. Registered custom ops, so torch.compile keeps them in one graph. Runs on the CPU
 # under TRITON_INTERPRET=1 (set before triton is imported).
@@ -847,33 +858,79 @@ def _interpreted():
     return bool(getattr(knobs, "interpret", False))
 
 
-def _tile_config(Dk, Dv, Ne, tiles, backward):
-    """(BV, num_warps, n_v): the value rows per program, warps, and the number of V tiles.
+def _tile_candidates(Dk, Dv, Ne, tiles):
+    """The (BV, num_warps) configurations the resource model allows, best guess first.
 
     Under the interpreter: BV = 4 (16 where the batched factors need tl.dot), so small tests cross V tiles.
-    On a GPU (and for ahead-of-time compiles): the widest BV in 32 .. 1 whose live state tiles
+    On a GPU (and for ahead-of-time compiles): every BV in 32 .. 1 with 4 or 8 warps whose live state tiles
     (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
-    mini-batch factors are batched) fit _REG_BUDGET values per thread with 4 warps, else 8 warps; if none
-    does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
+    mini-batch factors are batched) fit _REG_BUDGET values per thread, widest BV (fewest warps) first; if
+    none does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
     specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, checked by _check_fits."""
     low = 16 if _FACTOR_BLOCK else 1
     bk = max(low, triton.next_power_of_2(Dk))
     full = max(low, triton.next_power_of_2(Dv))
     if not _V_TILES:
-        return full, 4, 1
+        return [(full, 4)]
     if _TILE_OVERRIDE:
-        bv, warps = _TILE_OVERRIDE
+        out = [tuple(_TILE_OVERRIDE)]
     elif _interpreted():
-        bv, warps = max(low, 4), 4
+        out = [(max(low, 4), 4)]
     else:
-        bv, warps = low, 8
-        for cand in (32, 16, 8, 4, 2, 1):
-            fit = [w for w in (4, 8) if (tiles * cand + 2 * _FACTOR_BLOCK) * bk <= _REG_BUDGET * 32 * w]
-            if cand >= low and fit:
-                bv, warps = cand, fit[0]
-                break
-    bv = max(low, min(bv, full))
-    return bv, warps, triton.cdiv(Dv, bv)
+        out = [(bv, w) for bv in (32, 16, 8, 4, 2, 1) for w in (4, 8)
+               if bv >= low and (tiles * bv + 2 * _FACTOR_BLOCK) * bk <= _REG_BUDGET * 32 * w] or [(low, 8)]
+    seen, res = set(), []
+    for bv, w in out:  # BV beyond the padded Dv is the same kernel as BV = padded Dv
+        cfg = (max(low, min(bv, full)), w)
+        if cfg not in seen:
+            seen.add(cfg)
+            res.append(cfg)
+    return res
+
+
+def _tile_config(Dk, Dv, Ne, tiles, backward):
+    """(BV, num_warps, n_v) of the resource model's first choice; n_v = cdiv(Dv, BV) V tiles."""
+    bv, warps = _tile_candidates(Dk, Dv, Ne, tiles)[0]
+    return bv, warps, triton.cdiv(Dv, bv) if _V_TILES else 1
+
+
+# Autotuning on a GPU: the first launch of each kernel for a (head sizes, dtype, device) times the fitting
+# configurations (at most _TUNE_MAX of them, the resource model's order) and keeps the fastest. The kernels
+# are pure functions of their inputs (outputs and scratch are fresh buffers), so rerunning them is safe.
+_TUNED = {}
+_TUNE_MAX = 4
+
+
+def _pick_config(key, candidates, launch, timer=None):
+    """The configuration for `key`: cached, or the fastest of `candidates` by timing `launch(cfg)` (after one
+    warm-up launch each, which compiles). `timer(fn) -> seconds` defaults to CUDA events."""
+    if key in _TUNED:
+        return _TUNED[key]
+    candidates = candidates[:_TUNE_MAX]
+    if len(candidates) > 1:
+        if timer is None:
+            def timer(fn):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                torch.cuda.synchronize()
+                return start.elapsed_time(stop)
+        times = []
+        for cfg in candidates:
+            launch(cfg)  # compile and warm up
+            times.append(timer(lambda: launch(cfg)))
+        candidates = [candidates[times.index(min(times))]]
+    _TUNED[key] = candidates[0]
+    return candidates[0]
+
+
+def _config_for(name, q, Dk, Dv, Ne, tiles, launch):
+    """The launch configuration of kernel `name`: the model's first choice, or on a GPU the tuned one."""
+    candidates = _tile_candidates(Dk, Dv, Ne, tiles)
+    if not q.is_cuda or len(candidates) == 1 or _TILE_OVERRIDE:
+        return candidates[0]
+    return _pick_config((name, Dk, Dv, q.dtype, q.device.index), candidates, launch)
 
 
 _WHOLE_STATE_LIMIT = 255 * 32 * 8  # fp32 values: 255 registers per thread at 8 warps
@@ -941,13 +998,16 @@ def _launch_recurrent(q, k, v, c, state):
         args += [src, final[key]]
     args += _factor_scratch(q, v, Ne, ("FDL", "FX"))
     _check_fits(Dk, Dv, Ne, _TILES_FWD, False)
-    bv, warps, n_v = _tile_config(Dk, Dv, Ne, _TILES_FWD, False)
     # tl.dot (batched factors) needs every dimension >= 16; padded lanes are masked to zero
     low = 16 if _FACTOR_BLOCK else 1
-    _fused_recurrent_fwd[(n_v, B * H)](*args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)),
-                                       BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
-                                       BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16,
-                                       num_warps=warps)
+
+    def launch(cfg):
+        bv, warps = cfg
+        _fused_recurrent_fwd[(triton.cdiv(Dv, bv) if _V_TILES else 1, B * H)](
+            *args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)), BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
+            BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16, num_warps=warps)
+
+    launch(_config_for("fwd", q, Dk, Dv, Ne, _TILES_FWD, launch))
     return o, final
 
 
@@ -967,17 +1027,24 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
     shapes = _weight_shapes(Dk, Dv)
     args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, *shapes[i], **f32) for i in _BWD_STATE_WEIGHT]
     _check_fits(Dk, Dv, Ne, _TILES_BWD, True)
-    bv, warps, n_v = _tile_config(Dk, Dv, Ne, _TILES_BWD, True)
-    # dq, dk and the coefficients' gradients sum over the value rows: each V tile writes its partial sums
-    dq, dk = torch.empty(n_v, B, H, T, Dk, **f32), torch.empty(n_v, B, H, T, Dk, **f32)
-    dv, dc = torch.empty(B, H, T, Dv, **f32), torch.empty(n_v, B, H, T, len(_COEF_ORDER), **f32)
     low = 16 if _FACTOR_BLOCK else 1
-    _fused_recurrent_bwd[(n_v, B * H)](*args, dq, dk, dv, dc,
-                                       *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX"), n_v),
-                                       T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
-                                       BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
-                                       BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16,
-                                       num_warps=warps)
+    dv = torch.empty(B, H, T, Dv, **f32)
+
+    def launch(cfg):
+        bv, warps = cfg
+        n_v = triton.cdiv(Dv, bv) if _V_TILES else 1
+        # dq, dk and the coefficients' gradients sum over the value rows: each V tile writes its partial sums
+        dq, dk = torch.empty(n_v, B, H, T, Dk, **f32), torch.empty(n_v, B, H, T, Dk, **f32)
+        dc = torch.empty(n_v, B, H, T, len(_COEF_ORDER), **f32)
+        _fused_recurrent_bwd[(n_v, B * H)](*args, dq, dk, dv, dc,
+                                           *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX"), n_v),
+                                           T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
+                                           BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
+                                           BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16,
+                                           num_warps=warps)
+        return dq, dk, dc
+
+    dq, dk, dc = launch(_config_for("bwd", q, Dk, Dv, Ne, _TILES_BWD, launch))
     dq, dk, dc = dq.sum(0), dk.sum(0), dc.sum(0)
     dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
