@@ -360,7 +360,10 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     p = TritonPrinter()
     scal = {n: f"c_{n}" for n in coef_order}
     W = [f"w{i}" for i in range(n_w)]
-    A = [f"anchor{i}" for i in range(n_w)] if mb else W
+    # the anchor tile: with batched factors (computed at the mini-batch start, from the state as it is then)
+    # the forward needs none, unless an order=pre decay changes the state before the factors are taken
+    keep_anchor = mb and not _forward_reads_state_as_anchor(spec)
+    A = [f"anchor{i}" for i in range(n_w)] if keep_anchor else W
 
     # ---- kernel signature
     ptrs = ["Q", "K", "V", "C", "O"]
@@ -396,7 +399,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             body += lines + [f"y{i} = tl.where(mask{i}, y{i}, 0.0)"]
         if mom:
             body.append(f"s{i} = tl.load({tile_ptr(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-        if mb:
+        if keep_anchor:
             body.append(f"anchor{i} = w{i}")
 
     loop: list[str] = [
@@ -408,7 +411,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         loop.append(f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})")
     if mb:
         loop.append(f"new_chunk = (t % {mb}) == 0")
-        for i in range(n_w):
+        for i in range(n_w if keep_anchor else 0):
             loop.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
     if r.kind == "decay" and r.order == "pre":
         for i in range(n_w):
@@ -463,13 +466,22 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         .replace("{{TILES_FWD}}", str(_live_tiles(spec, False))).replace("{{TILES_BWD}}", str(_live_tiles(spec, True)))
 
 
+def _forward_reads_state_as_anchor(spec: S.Spec) -> bool:
+    """The forward kernel takes a mini-batch's batched factors at its start straight from the state (no
+    anchor tile): the state then is the anchor, unless an order=pre decay scales it first."""
+    r = spec.retention
+    return bool(batched_factors(spec)) and not (r.kind == "decay" and r.order == "pre")
+
+
 def _live_tiles(spec: S.Spec, backward: bool) -> int:
     """The resource model's count of [rows, cols] fp32 tiles per weight a recurrent kernel keeps live: the
     state (weights; accumulator or log-space/φ' image; momentum; mini-batch anchor) and the step's temporaries
     (gradient, update); the backward also carries their cotangents and the state before the token."""
     r, mb = spec.retention, spec.parallel.kind == "minibatch"
     state = 1 + (r.kind in ("lq", "elastic", "kl", "bregman")) + (spec.learner.kind == "momentum") + mb
-    return state + 2 if not backward else 3 * state + 4
+    if not backward:
+        return state + 2 - _forward_reads_state_as_anchor(spec)
+    return 3 * state + 4
 
 
 def _readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
