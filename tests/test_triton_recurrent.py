@@ -202,7 +202,8 @@ def test_v_tiles_match_the_float64_recurrence(name):
 
 def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
     """Outside the interpreter BV comes from the resource model: the forward's live [BV, BK] tiles (and the
-    batched factors' [C, BK] token tiles) fit the budget of fp32 values per thread, and at D = 64 and 128 the
+    batched factors' [C, BK] token tiles) fit the budget of fp32 values per thread (or take the smallest
+    tile tl.dot allows at 8 warps), and at D = 64 and 128 the
     rows split into several tiles in both directions; a coupled spec whose whole state cannot stay on chip
     is refused with the limit named (the interpreter has no such limit)."""
     for name in ("sparse_lp", "deltanet", "hyperbolic_mirror", "custom_cauchy"):
@@ -210,7 +211,10 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
         monkeypatch.setattr(mod, "_interpreted", lambda: False)
         for D in (64, 128):
             bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_FWD, False)
-            assert (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps, (name, D)
+            fits = (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps
+            # batched factors: tl.dot's 16 is the least BV; at D = 128 its [C, BK] token tiles alone reach the
+            # budget, and the model falls back to BV = 16 at 8 warps (measured without spills on sm_90/sm_80)
+            assert fits or (mod._FACTOR_BLOCK and (bv, warps) == (16, 8)), (name, D)
             assert n_v == -(-D // bv) >= 2
             bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_BWD, True)
             assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)

@@ -857,9 +857,10 @@ def _factor_scratch(q, v, Ne, names, n_v=1):
 
 
 # ---- launch configuration: a small resource model (registers per thread from the tiles the kernel keeps)
-# fp32 values per thread the live tiles may take: calibrated on sm_90 compiles at D = 128 (the registers ptxas
-# allocates run ~1.7x this count: addresses, the token's vectors, reductions), so the forward does not spill
-_REG_BUDGET = 72
+# fp32 values per thread the live tiles may take. Calibrated on sm_90/sm_80 compiles at D = 128 (fp32, bf16):
+# ptxas allocates ~2-3.5x this count (the token's vectors, products before reductions, addresses), and with
+# 8 warps it may cap a thread at 128 registers; at 48 the forward spilled a few bytes on sm_80, at 24 none.
+_REG_BUDGET = 40
 
 
 _TILE_OVERRIDE = None  # (BV, num_warps) for every V-tiled launch: set by measurements (resource reports)
@@ -878,12 +879,16 @@ def _tile_candidates(Dk, Dv, Ne, tiles):
     (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
     mini-batch factors are batched) fit _REG_BUDGET values per thread, widest BV (fewest warps) first; if
     none does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
-    specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, checked by _check_fits."""
+    specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, 8 warps where the whole
+    state exceeds the 4-warp budget (else 4), checked by _check_fits."""
     low = 16 if _FACTOR_BLOCK else 1
     bk = max(low, triton.next_power_of_2(Dk))
     full = max(low, triton.next_power_of_2(Dv))
-    if not _V_TILES:
-        return [(full, 4)]
+    if not _V_TILES:  # one program holds every weight: 8 warps where 4 would exceed the budget
+        big = _whole_state_values(Dk, Dv, Ne, tiles) > _REG_BUDGET * 32 * 4
+        if _TILE_OVERRIDE:
+            return [(full, _TILE_OVERRIDE[1])]
+        return [(full, 8 if big else 4)]  # not tuned: these compile slowly
     if _TILE_OVERRIDE:
         out = [tuple(_TILE_OVERRIDE)]
     elif _interpreted():
