@@ -877,7 +877,9 @@ def _tile_candidates(Dk, Dv, Ne, tiles):
     Under the interpreter: BV = 4 (16 where the batched factors need tl.dot), so small tests cross V tiles.
     On a GPU (and for ahead-of-time compiles): every BV in 32 .. 1 with 4 or 8 warps whose live state tiles
     (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
-    mini-batch factors are batched) fit _REG_BUDGET values per thread, widest BV (fewest warps) first; if
+    mini-batch factors are batched) fit _REG_BUDGET values per thread, 4 warps before 8, then widest BV
+    first (ptxas capped an 8-warp kernel at 64 registers and spilled 4 B where 4 warps at the same budget
+    did not); if
     none does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
     specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, 8 warps where the whole
     state exceeds the 4-warp budget (else 4), checked by _check_fits."""
@@ -894,7 +896,7 @@ def _tile_candidates(Dk, Dv, Ne, tiles):
     elif _interpreted():
         out = [(max(low, 4), 4)]
     else:
-        out = [(bv, w) for bv in (32, 16, 8, 4, 2, 1) for w in (4, 8)
+        out = [(bv, w) for w in (4, 8) for bv in (32, 16, 8, 4, 2, 1)
                if bv >= low and (tiles * bv + 2 * _FACTOR_BLOCK) * bk <= _REG_BUDGET * 32 * w] or [(low, 8)]
     seen, res = set(), []
     for bv, w in out:  # BV beyond the padded Dv is the same kernel as BV = padded Dv
