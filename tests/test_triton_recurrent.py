@@ -121,6 +121,8 @@ def test_every_parametric_spec_has_the_generated_backward():
 
 # Variants: the per-token factor path of an exact spec, and of a mini-batch too small for tl.dot (4).
 SEGMENT_VARIANTS = {
+    "kl_linear": "memory = linear\nbias = l2\nretention = kl(c=1, alpha=gate)\nlearner = gd(lr=gate)",
+    "lq_linear": "memory = linear\nbias = l2\nretention = lq(q=4, alpha=gate)\nlearner = gd(lr=gate)",
     "huber_momentum_decay_post": "memory = linear\nbias = huber(delta=gate)\nretention = decay(alpha=gate, "
                                  "order=post)\nlearner = momentum(lr=gate, theta=gate)",
     "kl_minibatch4": "memory = mlp(depth=2, expansion=2, act=silu)\nbias = l2\nretention = kl(c=1, alpha=gate)\n"
@@ -135,12 +137,20 @@ def test_generated_backward_over_several_segments(name):
     specs with C >= 16 compute each mini-batch's factors and their reverse as tile computations.
     Tolerance: 2e-5, or twice the float32 torch path's own worst error where the problem is worse
     conditioned (Memora: ~7e-5 on k for both)."""
+    mod = _module(name)
+    _check_vs_float64(mod, (4, 4) if "residual=true" in mod.SPEC else (6, 5))
+
+
+def _module(name):
     if name in SEGMENT_VARIANTS:
-        mod = mirasc.compile_spec(f"model {name} {{\n{SEGMENT_VARIANTS[name]}\n}}\n")
-    else:
-        mod = mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
-    dims = (4, 4) if "residual=true" in mod.SPEC else (6, 5)
-    q, k, v, gates, state = inputs(mod, 1, 40, 1, *dims, seed=1)
+        return mirasc.compile_spec(f"model {name} {{\n{SEGMENT_VARIANTS[name]}\n}}\n")
+    return mirasc.compile_spec(SPECS[0].parent / f"{name}.miras")
+
+
+def _check_vs_float64(mod, dims, T=40):
+    """backend="triton" vs the float64 torch recurrence: outputs, final state and the gradients of q, k, v,
+    every gate and the initial state, through a random linear loss."""
+    q, k, v, gates, state = inputs(mod, 1, T, 1, *dims, seed=1)
     names = ["q", "k", "v", *gates, *state]
 
     def run(backend, dtype):  # the reference is the torch recurrence in float64 (fp32's own rounding is ~5e-5)
@@ -158,3 +168,109 @@ def test_generated_backward_over_several_segments(name):
     fp32_worst = max(rel(c, b) for c, b in zip(run("torch", torch.float32), ref))
     for n, a, b in zip(names, run("triton", torch.float32), ref):
         assert rel(a, b) < max(2e-5, 2 * fp32_worst), n
+
+
+# V tiles (issue 10): where every value row of a linear memory updates on its own, the recurrent kernels
+# run on a grid (cdiv(Dv, BV), B·H) and each program owns BV rows of the state; dq, dk and the gates'
+# gradients are per-tile partial sums. The interpreter uses BV = 4 (16 with batched factors, for tl.dot).
+V_TILED = ["custom_cauchy", "deltanet", "gated_deltanet", "hyperbolic_mirror", "linear_attention", "longhorn",
+           "mamba2", "retnet", "sparse_lp", "ttt_linear"]
+
+
+def test_v_tiles_cover_the_row_separable_specs():
+    tiled = sorted(p.stem for p in SPECS if mirasc.compile_spec(p)._V_TILES)
+    assert tiled == V_TILED
+    for name, why in [("moneta", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
+        mod = _module(name)
+        assert not mod._V_TILES and why in mod._V_TILE_REASON
+        assert mod._tile_config(8, 24, 32, mod._TILES_FWD, False)[2] == 1  # one program holds every row
+    assert _module("kl_linear")._V_TILES  # softmax over each row (over K): rows stay separable
+
+
+@pytest.mark.parametrize("name", ["custom_cauchy", "gated_deltanet", "hyperbolic_mirror", "kl_linear", "longhorn",
+                                  "huber_momentum_decay_post", "sparse_lp", "ttt_linear"])
+def test_v_tiles_match_the_float64_recurrence(name):
+    """Dv = 20 spans 2 tiles of 16 (batched factors: sparse_lp, hyperbolic_mirror, ttt_linear) or 5 tiles of 4,
+    the last one partly padded; T = 40 crosses checkpoint and mini-batch boundaries."""
+    mod = _module(name)
+    Dk, Dv = 6, 20
+    n_v = mod._tile_config(Dk, Dv, 1, mod._TILES_FWD, False)[2]
+    assert n_v == (2 if mod._FACTOR_BLOCK else 5)
+    assert mod._tile_config(Dk, Dv, 1, mod._TILES_BWD, True)[2] == n_v
+    _check_vs_float64(mod, (Dk, Dv))
+
+
+def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
+    """Outside the interpreter BV comes from the resource model: the forward's live [BV, BK] tiles (and the
+    batched factors' [C, BK] token tiles) fit the budget of fp32 values per thread (or take the smallest
+    tile tl.dot allows at 8 warps), and at D = 64 and 128 the
+    rows split into several tiles in both directions; a coupled spec whose whole state cannot stay on chip
+    is refused with the limit named (the interpreter has no such limit)."""
+    for name in ("sparse_lp", "deltanet", "hyperbolic_mirror", "custom_cauchy"):
+        mod = _module(name)
+        monkeypatch.setattr(mod, "_interpreted", lambda: False)
+        for D in (64, 128):
+            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_FWD, False)
+            fits = (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps
+            # batched factors: tl.dot's 16 is the least BV; at D = 128 its [C, BK] token tiles alone reach the
+            # budget, and the model falls back to BV = 16 at 8 warps (measured without spills on sm_90/sm_80)
+            assert fits or (mod._FACTOR_BLOCK and (bv, warps) == (16, 8)), (name, D)
+            assert n_v == -(-D // bv) >= 2
+            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_BWD, True)
+            assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)
+    mod = _module("moneta")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    mod._check_fits(8, 8, 32, mod._TILES_FWD, False)
+    with pytest.raises(RuntimeError, match="registers"):
+        mod._check_fits(128, 128, 512, mod._TILES_BWD, True)
+    assert mod._recurrent_fits(8, 8) and not mod._recurrent_fits(128, 128)  # what backend="auto" asks
+    assert _module("deltanet")._recurrent_fits(128, 128)  # V tiles: every size has a configuration
+
+
+def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
+    """backend="triton" at a size the coupled kernel cannot hold raises before any launch, naming the limit."""
+    mod = _module("memora")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    q, k, v, gates, state = inputs(mod, 1, 2, 1, 64, 64)
+    with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\) in one program"):
+        mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
+
+
+def test_gpu_autotune_picks_the_fastest_fitting_config_once(monkeypatch):
+    """On a GPU the first launch per (kernel, head sizes, dtype, device) times the resource model's fitting
+    configurations and keeps the fastest (here with a fake timer; the interpreter never tunes)."""
+    mod = _module("deltanet")
+    monkeypatch.setattr(mod, "_interpreted", lambda: False)
+    monkeypatch.setattr(mod, "_TUNED", {})
+    candidates = mod._tile_candidates(128, 128, 1, mod._TILES_FWD)
+    assert len(candidates) >= 3 and candidates[0] == mod._tile_config(128, 128, 1, mod._TILES_FWD, False)[:2]
+    cost = {cfg: 1.0 + i for i, cfg in enumerate(candidates)}
+    cost[candidates[2]] = 0.5
+    launched = []
+
+    def timer(fn):
+        fn()
+        return cost[launched[-1]]
+
+    best = mod._pick_config("key", candidates, launched.append, timer=timer)
+    assert best == candidates[2] and set(launched) == set(candidates[:mod._TUNE_MAX])
+    n = len(launched)
+    assert mod._pick_config("key", candidates, launched.append, timer=timer) == best and len(launched) == n
+
+
+def test_v_tile_width_does_not_change_the_result(monkeypatch):
+    """BV = 8 and the interpreter's BV = 4 compute the same outputs, final state and gradients."""
+    mod = _module("gated_deltanet")
+    q, k, v, gates, state = inputs(mod, 1, 9, 2, 6, 20, seed=3)
+    leaves = [q, k, v, *gates.values()]
+
+    def run():
+        xs = [t.detach().requires_grad_(True) for t in leaves]
+        o, final = mod.apply(*xs[:3], dict(zip(gates, xs[3:])), state=state, backend="triton",
+                             algorithm="recurrent")
+        return [o, final["W"], *torch.autograd.grad((o * o).sum() + final["W"].sum(), xs)]
+
+    ref = run()
+    monkeypatch.setattr(mod, "_TILE_OVERRIDE", (8, 4))
+    for a, b in zip(run(), ref):
+        assert rel(a, b) < 1e-6

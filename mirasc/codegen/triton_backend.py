@@ -1,7 +1,17 @@
 """Triton backend (issue 3, first part): a fused recurrent forward kernel for every parametric spec,
 printed from the same IR graphs and derivation as the torch module.
 
-One program per (batch, head) keeps the memory weights (and accumulators, momentum buffers and the
+Schedule (issue 10). Where every value row of a linear memory updates on its own (`v_tile_reason` is None:
+l2/dot/lp/huber/custom biases, none/decay/elastic/bregman/kl retention — kl's softmax runs along each row —
+gd/implicit/momentum learners), the grid is (cdiv(Dv, BV), B·H) like FLA's fused_recurrent: each program
+owns BV rows of the weights (and of accumulators, momentum and anchor) with all of K, so the state held in
+registers is [BV, BK] per tile; dq, dk and the gates' gradients, which sum over rows, are per-tile partial
+sums the launcher adds up. BV and the warps come from a resource model (live tiles × BV × BK fp32 values per
+thread, calibrated on sm_90 compiles) and, on a GPU, a timed pick among the configurations that fit.
+Coupled specs (MLP memories, lq's whole-matrix norm, huber mixture's ‖e‖) keep one program per (batch, head)
+with the whole state, and are refused on a GPU past the register limit.
+
+Each program keeps its part of the memory weights (and accumulators, momentum buffers and the
 mini-batch anchor) in registers as [rows, cols] tiles and walks the tokens: the gradient factors are
 the `memory_grad` graph printed as matrix-vector code, the learner and retention are elementwise tile
 updates (row softmax for kl, a whole-matrix q-norm for lq), the read is the `memory_forward` graph.
@@ -86,6 +96,74 @@ def _row(base: str, dim: str, tok: str = "t") -> str:
 def _rows(base: str, dim: str) -> str:
     """Pointers to rows ctok of a [B·H, T, N_dim] scratch buffer."""
     return f"{base} + (bh * T + ctok[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
+
+
+def _part_row(base: str, dim: str, tok: str = "t") -> str:
+    """Pointer to row `tok` of this program's slice of a [NV, B·H, T, N_dim] buffer of per-V-tile partial
+    sums (program pid = iv·B·H + bh; the launcher sums over the NV tiles)."""
+    return f"{base} + (pid * T + {tok}) * {SIZE[dim]} + r{dim}"
+
+
+def _part_rows(base: str, dim: str) -> str:
+    """Pointers to rows ctok of this program's slice of a [NV, B·H, T, N_dim] partial-sum buffer."""
+    return f"{base} + (pid * T + ctok[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
+
+
+def _ring_row(base: str, dim: str) -> str:
+    """Pointer to token t's row of this program's ring of BC rows in a [NV·B·H, BC, N_dim] buffer (the
+    factor cotangents of the mini-batch the reverse walk is in; read back at the mini-batch start)."""
+    return f"{base} + (pid * BC + t % BC) * {SIZE[dim]} + r{dim}"
+
+
+def _ring_rows(base: str, dim: str) -> str:
+    """All BC rows of this program's ring (at a mini-batch start t % BC == 0, row j is token t + j)."""
+    return f"{base} + (pid * BC + rc[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
+
+
+# ---- V tiles: which specs' recurrent kernels split the rows of the memory over programs
+
+_REDUCTIONS = ("rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd", "layernorm_bwd2")
+
+
+def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None:
+    """None when the recurrent kernels may split the value rows of the memory over programs (grid
+    (cdiv(Dv, BV), B·H), each program owning BV rows of W and of its accumulator, momentum and anchor):
+    every row's update and read depend only on that row and the token. Else the coupling, as a reason."""
+    m, b, r = spec.memory, spec.bias, spec.retention
+    if m.kind != "linear":
+        return "an MLP memory couples every weight (LayerNorm, hidden layer)"
+    if r.kind == "lq":
+        return "lq retention normalises by the q-norm of the whole matrix"
+    if b.kind == "huber" and b.mode == "mixture":
+        return "huber(mode=mixture) switches on the norm of the whole error vector"
+    for gr in (forward, grad):  # a reduction over the rows (dimension v) that feeds a computation couples them
+        dims = _dims(gr, spec.weight_dims())
+        for nid in gr.order():
+            op = gr.node(nid)
+            if op.op in _REDUCTIONS and dims[gr.srcs(nid)[0]] == "v" and \
+                    any(gr.node(c).op != "output" for c in gr.consumers(nid)):
+                return f"the {gr.title} graph reduces over the value rows ({op.op})"
+    return None
+
+
+def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
+    """The dimension name (k, v, e; s for a per-token scalar, w for a weight) of each node of a graph."""
+    dims: dict[int, str] = {}
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        if op.op == "input":
+            dims[nid] = {"k": "k", "x": "k", "v": "v"}.get(op.arg, "s")
+        elif op.op == "weight":
+            dims[nid] = "w"
+        elif op.op in ("linear", "layer"):
+            dims[nid] = wdims[op.arg][0]
+        elif op.op == "linear_t":
+            dims[nid] = wdims[op.arg][1]
+        elif op.op in ("rownorm", "rowsumsq", "rowsum"):
+            dims[nid] = "s"
+        else:
+            dims[nid] = next((dims[x] for x in srcs if dims[x] not in ("s", "w")), "s")
+    return dims
 
 
 def _chunk_factor_lines(grad: ir.Graph, wdims, coef_order: list[str], at: list[str]) -> list[str]:
@@ -264,6 +342,14 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
         raise Unsupported(f"{err}") from None
 
 
+def _program_ids() -> list[str]:
+    """The program's (V tile, batch·head) and its index ranges: rows iv·BV .. iv·BV + BV - 1 of the memory
+    (value rows; the whole of them, iv = 0, where the rows are coupled), all of K and of the hidden width."""
+    return ["iv = tl.program_id(0)", "bh = tl.program_id(1)", "pid = iv * tl.num_programs(1) + bh",
+            "rc = tl.arange(0, BC)", "rk = tl.arange(0, BK)", "rv = iv * BV + tl.arange(0, BV)",
+            "re = tl.arange(0, BE)", "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
+
+
 def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     r, l = spec.retention, spec.learner
     wdims = spec.weight_dims()
@@ -274,7 +360,10 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     p = TritonPrinter()
     scal = {n: f"c_{n}" for n in coef_order}
     W = [f"w{i}" for i in range(n_w)]
-    A = [f"anchor{i}" for i in range(n_w)] if mb else W
+    # the anchor tile: with batched factors (computed at the mini-batch start, from the state as it is then)
+    # the forward needs none, unless an order=pre decay changes the state before the factors are taken
+    keep_anchor = mb and not _forward_reads_state_as_anchor(spec)
+    A = [f"anchor{i}" for i in range(n_w)] if keep_anchor else W
 
     # ---- kernel signature
     ptrs = ["Q", "K", "V", "C", "O"]
@@ -287,11 +376,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     ptrs += [f"F{n}{i}" for i in range(n_w) for n in ("DL", "X")]  # factor scratch (used with batched factors)
     sig = (", ".join(ptrs) + ", T, Nk, Nv, Ne, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
            "BE: tl.constexpr, BC: tl.constexpr")
-    body: list[str] = [
-        "bh = tl.program_id(0)", "rc = tl.arange(0, BC)",
-        "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
-        "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne",
-    ]
+    body: list[str] = _program_ids()
     size = {"k": "Nk", "v": "Nv", "e": "Ne"}
 
     def tile_ptr(base, i):
@@ -314,7 +399,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             body += lines + [f"y{i} = tl.where(mask{i}, y{i}, 0.0)"]
         if mom:
             body.append(f"s{i} = tl.load({tile_ptr(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-        if mb:
+        if keep_anchor:
             body.append(f"anchor{i} = w{i}")
 
     loop: list[str] = [
@@ -326,7 +411,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         loop.append(f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})")
     if mb:
         loop.append(f"new_chunk = (t % {mb}) == 0")
-        for i in range(n_w):
+        for i in range(n_w if keep_anchor else 0):
             loop.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
     if r.kind == "decay" and r.order == "pre":
         for i in range(n_w):
@@ -362,6 +447,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     kernel = ("    @triton.jit\n    def _fused_recurrent_fwd(" + sig + "):  # noqa: C901\n"
               + "\n".join("        " + line for line in body) + "\n")
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    v_reason = v_tile_reason(spec, forward, grad)
     bwd_state: list[str] = []
     why_not = ""
     try:
@@ -375,7 +461,27 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         .replace("{{BWD_STATE_WEIGHT}}", repr(tuple(_widx(n) for n in bwd_state))) \
         .replace("{{BWD_SEGMENT}}", str(BWD_SEGMENT)) \
         .replace("{{FACTOR_BLOCK}}", str(batched_factors(spec))).replace("{{FACTOR_DIMS}}", repr(tuple(wdims))) \
-        .replace("{{BWD_REASON}}", why_not)
+        .replace("{{BWD_REASON}}", why_not) \
+        .replace("{{V_TILES}}", repr(v_reason is None)).replace("{{V_TILE_REASON}}", v_reason or "") \
+        .replace("{{TILES_FWD}}", str(_live_tiles(spec, False))).replace("{{TILES_BWD}}", str(_live_tiles(spec, True)))
+
+
+def _forward_reads_state_as_anchor(spec: S.Spec) -> bool:
+    """The forward kernel takes a mini-batch's batched factors at its start straight from the state (no
+    anchor tile): the state then is the anchor, unless an order=pre decay scales it first."""
+    r = spec.retention
+    return bool(batched_factors(spec)) and not (r.kind == "decay" and r.order == "pre")
+
+
+def _live_tiles(spec: S.Spec, backward: bool) -> int:
+    """The resource model's count of [rows, cols] fp32 tiles per weight a recurrent kernel keeps live: the
+    state (weights; accumulator or log-space/φ' image; momentum; mini-batch anchor) and the step's temporaries
+    (gradient, update); the backward also carries their cotangents and the state before the token."""
+    r, mb = spec.retention, spec.parallel.kind == "minibatch"
+    state = 1 + (r.kind in ("lq", "elastic", "kl", "bregman")) + (spec.learner.kind == "momentum") + mb
+    if not backward:
+        return state + 2 - _forward_reads_state_as_anchor(spec)
+    return 3 * state + 4
 
 
 def _readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
@@ -555,10 +661,9 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             if mb:
                 lines += [f"dw{i} = tl.where(new_chunk, dw{i} + da{i}, dw{i})",
                           f"da{i} = tl.where(new_chunk, tl.zeros_like(da{i}), da{i})"]
-        lines += ["tl.store(DQ + (bh * T + t) * Nk + rk, dq, mask=mk)",
-                  "tl.store(DK + (bh * T + t) * Nk + rk, dk, mask=mk)",
+        lines += [f"tl.store({_part_row('DQ', 'k')}, dq, mask=mk)", f"tl.store({_part_row('DK', 'k')}, dk, mask=mk)",
                   "tl.store(DV + (bh * T + t) * Nv + rv, dv, mask=mv)"]
-        lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
+        lines += [f"tl.store(DC + (pid * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
         return lines
 
     def batched_factor_reverse():
@@ -573,27 +678,29 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                           f"dw{i} = c_alpha * dw_dec{i}"]
             else:
                 lines.append(f"dw{i} = dw_dec{i}")
-            lines += [f"tl.store({_row(f'CTD{i}', rows)}, ct_delta{i + 1}, mask=m{rows})",
-                      f"tl.store({_row(f'CTX{i}', cols)}, ct_input{i + 1}, mask=m{cols})"]
-        lines += ["tl.store(DQ + (bh * T + t) * Nk + rk, dq, mask=mk)"]
-        lines += [f"tl.store(DC + (bh * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
+            lines += [f"tl.store({_ring_row(f'CTD{i}', rows)}, ct_delta{i + 1}, mask=m{rows})",
+                      f"tl.store({_ring_row(f'CTX{i}', cols)}, ct_input{i + 1}, mask=m{cols})"]
+        lines += [f"tl.store({_part_row('DQ', 'k')}, dq, mask=mk)"]
+        lines += [f"tl.store(DC + (pid * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
         block = ["tl.debug_barrier()"] + _chunk_tiles(coef_order)
         cts = {"k": ("kc", "k"), "v": ("vc", "v")}
         for i, (rows, cols) in enumerate(wdims):
-            block += [f"ctd{i} = tl.load({_rows(f'CTD{i}', rows)}, mask=cm[:, None] & m{rows}[None, :], other=0.0)",
-                      f"ctx{i} = tl.load({_rows(f'CTX{i}', cols)}, mask=cm[:, None] & m{cols}[None, :], other=0.0)"]
+            block += [f"ctd{i} = tl.load({_ring_rows(f'CTD{i}', rows)}, mask=cm[:, None] & m{rows}[None, :], "
+                      "other=0.0)",
+                      f"ctx{i} = tl.load({_ring_rows(f'CTX{i}', cols)}, mask=cm[:, None] & m{cols}[None, :], "
+                      "other=0.0)"]
             cts[f"ct_delta{i + 1}"] = (f"ctd{i}", rows)
             cts[f"ct_input{i + 1}"] = (f"ctx{i}", cols)
         v_lines, v_out, _ = _graph_lines(gvjp, "gb_", [f"anchor{i}" for i in range(n_w)],
                                          {n: f"cc_{n}" for n in coef_order}, cts, wdims, matmul=_tile_matmul)
         block += v_lines
-        for x in ("k", "v"):
+        for x, ptr in (("k", _part_rows("DK", "k")), ("v", _rows("DV", "v"))):
             val = v_out.get(f"d_{x}", f"tl.zeros([BC, B{x.upper()}], tl.float32)")
-            block.append(f"tl.store({_rows('D' + x.upper(), x)}, {val}, mask=cm[:, None] & m{x}[None, :])")
+            block.append(f"tl.store({ptr}, {val}, mask=cm[:, None] & m{x}[None, :])")
         for j, n in enumerate(coef_order):
             if f"d_{n}" in v_out:  # a gate inside the bias: add its part to what the token's reverse stored
-                block += [f"dcc = tl.load(DC + (bh * T + ctok) * NC + {j}, mask=cm, other=0.0)",
-                          f"tl.store(DC + (bh * T + ctok) * NC + {j}, dcc + tl.sum({v_out[f'd_{n}']} "
+                block += [f"dcc = tl.load(DC + (pid * T + ctok) * NC + {j}, mask=cm, other=0.0)",
+                          f"tl.store(DC + (pid * T + ctok) * NC + {j}, dcc + tl.sum({v_out[f'd_{n}']} "
                           "+ tl.zeros([BC, 1], tl.float32), axis=1), mask=cm)"]
         for i in range(n_w):
             terms, j = [], 0
@@ -605,8 +712,7 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                 block.append(f"dw{i} = dw{i} + " + " + ".join(terms))
         return lines + ["if new_chunk:"] + ["    " + ln for ln in block]
 
-    init = ["bh = tl.program_id(0)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)", "re = tl.arange(0, BE)",
-            "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne", "rc = tl.arange(0, BC)"]
+    init = _program_ids()
     for i, (rows, cols) in enumerate(wdims):
         init.append(f"mask{i} = m{rows}[:, None] & m{cols}[None, :]")
         init.append(f"w{i} = tl.load({tile('W' + str(i) + '_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
@@ -700,8 +806,9 @@ def _readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]
 SECTION = '''
 
 # ----------------------------------------------------------------------------------------------
-# Triton: fused recurrent kernels, printed from the IR (one program per (batch, head); the memory
-# lives in registers; tokens are walked in order). The backward is a generated reverse sweep over
+# Triton: fused recurrent kernels, printed from the IR (one program per (V tile, batch·head) where the
+# value rows update independently, else per (batch, head); the program's rows of the memory live in
+# registers; tokens are walked in order). The backward is a generated reverse sweep over
 # checkpointed segments (_fused_recurrent_bwd) where _BWD_STATE is non-empty, else it recomputes the
 # torch recurrence. Registered custom ops, so torch.compile keeps them in one graph. Runs on the CPU
 # under TRITON_INTERPRET=1 (set before triton is imported).
@@ -724,18 +831,162 @@ _BWD_SEGMENT = {{BWD_SEGMENT}}
 # kept in scratch (0: one token at a time), and the (rows, cols) dimension names of each weight.
 _FACTOR_BLOCK = {{FACTOR_BLOCK}}
 _FACTOR_DIMS = {{FACTOR_DIMS}}
+# V tiles: True when every value row of the memory updates on its own, so the kernels run on a grid
+# (cdiv(Dv, BV), B·H) of programs that each own BV rows of the state; else why the rows are coupled
+# (one program per (batch, head)). _TILES_*: the [rows, cols] fp32 tiles each kernel keeps live per weight
+# (state and temporaries; the resource model of _tile_config).
+_V_TILES = {{V_TILES}}
+_V_TILE_REASON = "{{V_TILE_REASON}}"
+_TILES_FWD = {{TILES_FWD}}
+_TILES_BWD = {{TILES_BWD}}
 
 
-def _factor_scratch(q, v, Ne, names):
-    """[B·H, T, n] float32 scratch per weight for each of `names` (rows- or cols-sized), or placeholders."""
+def _factor_scratch(q, v, Ne, names, n_v=1):
+    """Float32 scratch per weight for each of `names` (rows- or cols-sized), or placeholders: the factors
+    FDL, FX of every token, [B·H, T, n]; their cotangents CTD, CTX as a ring of one mini-batch per program,
+    [n_v·B·H, C, n] (each V tile holds its own partial sums)."""
     B, H, T, Dk = q.shape
     size = {"k": Dk, "v": v.shape[-1], "e": Ne}
     out = []
     for rows, cols in _FACTOR_DIMS:
         for name in names:
             n = size[rows] if name in ("FDL", "CTD") else size[cols]
-            out.append(torch.empty(B * H, T, n, dtype=torch.float32, device=q.device) if _FACTOR_BLOCK else q)
+            shape = (B * H, T, n) if name in ("FDL", "FX") else (n_v * B * H, _FACTOR_BLOCK, n)
+            out.append(torch.empty(*shape, dtype=torch.float32, device=q.device) if _FACTOR_BLOCK else q)
     return out
+
+
+# ---- launch configuration: a small resource model (registers per thread from the tiles the kernel keeps)
+# fp32 values per thread the live tiles may take. Calibrated on sm_90/sm_80 compiles at D = 128 (fp32, bf16):
+# ptxas allocates ~2-3.5x this count (the token's vectors, products before reductions, addresses), and with
+# 8 warps it may cap a thread at 128 registers; at 48 the forward spilled a few bytes on sm_80, at 24 none.
+_REG_BUDGET = 40
+
+
+_TILE_OVERRIDE = None  # (BV, num_warps) for every V-tiled launch: set by measurements (resource reports)
+
+
+def _interpreted():
+    knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
+    return bool(getattr(knobs, "interpret", False))
+
+
+def _tile_candidates(Dk, Dv, Ne, tiles):
+    """The (BV, num_warps) configurations the resource model allows, best guess first.
+
+    Under the interpreter: BV = 4 (16 where the batched factors need tl.dot), so small tests cross V tiles.
+    On a GPU (and for ahead-of-time compiles): every BV in 32 .. 1 with 4 or 8 warps whose live state tiles
+    (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
+    mini-batch factors are batched) fit _REG_BUDGET values per thread, 4 warps before 8, then widest BV
+    first (ptxas capped an 8-warp kernel at 64 registers and spilled 4 B where 4 warps at the same budget
+    did not); if
+    none does, the smallest BV at 8 warps. _TILE_OVERRIDE = (BV, warps) replaces it (measurements). Coupled
+    specs (_V_TILES False) keep every row in one program: BV = Dv rounded up, 8 warps where the whole
+    state exceeds the 4-warp budget (else 4), checked by _check_fits."""
+    low = 16 if _FACTOR_BLOCK else 1
+    bk = max(low, triton.next_power_of_2(Dk))
+    full = max(low, triton.next_power_of_2(Dv))
+    if not _V_TILES:  # one program holds every weight: 8 warps where 4 would exceed the budget
+        big = _whole_state_values(Dk, Dv, Ne, tiles) > _REG_BUDGET * 32 * 4
+        if _TILE_OVERRIDE:
+            return [(full, _TILE_OVERRIDE[1])]
+        return [(full, 8 if big else 4)]  # not tuned: these compile slowly
+    if _TILE_OVERRIDE:
+        out = [tuple(_TILE_OVERRIDE)]
+    elif _interpreted():
+        out = [(max(low, 4), 4)]
+    else:
+        out = [(bv, w) for w in (4, 8) for bv in (32, 16, 8, 4, 2, 1)
+               if bv >= low and (tiles * bv + 2 * _FACTOR_BLOCK) * bk <= _REG_BUDGET * 32 * w] or [(low, 8)]
+    seen, res = set(), []
+    for bv, w in out:  # BV beyond the padded Dv is the same kernel as BV = padded Dv
+        cfg = (max(low, min(bv, full)), w)
+        if cfg not in seen:
+            seen.add(cfg)
+            res.append(cfg)
+    return res
+
+
+def _tile_config(Dk, Dv, Ne, tiles, backward):
+    """(BV, num_warps, n_v) of the resource model's first choice; n_v = cdiv(Dv, BV) V tiles."""
+    bv, warps = _tile_candidates(Dk, Dv, Ne, tiles)[0]
+    return bv, warps, triton.cdiv(Dv, bv) if _V_TILES else 1
+
+
+# Autotuning on a GPU: the first launch of each kernel for a (head sizes, dtype, device) times the fitting
+# configurations (at most _TUNE_MAX of them, the resource model's order) and keeps the fastest. The kernels
+# are pure functions of their inputs (outputs and scratch are fresh buffers), so rerunning them is safe.
+_TUNED = {}
+_TUNE_MAX = 4
+
+
+def _pick_config(key, candidates, launch, timer=None):
+    """The configuration for `key`: cached, or the fastest of `candidates` by timing `launch(cfg)` (after one
+    warm-up launch each, which compiles). `timer(fn) -> seconds` defaults to CUDA events."""
+    if key in _TUNED:
+        return _TUNED[key]
+    candidates = candidates[:_TUNE_MAX]
+    if len(candidates) > 1:
+        if timer is None:
+            def timer(fn):
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                stop.record()
+                torch.cuda.synchronize()
+                return start.elapsed_time(stop)
+        times = []
+        for cfg in candidates:
+            launch(cfg)  # compile and warm up
+            times.append(timer(lambda: launch(cfg)))
+        candidates = [candidates[times.index(min(times))]]
+    _TUNED[key] = candidates[0]
+    return candidates[0]
+
+
+def _config_for(name, q, Dk, Dv, Ne, tiles, launch):
+    """The launch configuration of kernel `name`: the model's first choice, or on a GPU the tuned one."""
+    candidates = _tile_candidates(Dk, Dv, Ne, tiles)
+    if not q.is_cuda or len(candidates) == 1 or _TILE_OVERRIDE:
+        return candidates[0]
+    return _pick_config((name, Dk, Dv, q.dtype, q.device.index), candidates, launch)
+
+
+_WHOLE_STATE_LIMIT = 255 * 32 * 8  # fp32 values: 255 registers per thread at 8 warps
+
+
+def _whole_state_values(Dk, Dv, Ne, tiles):
+    """fp32 values a coupled spec's kernel keeps live: `tiles` copies of every (padded) weight."""
+    low = 16 if _FACTOR_BLOCK else 1
+    pad = {"k": max(low, triton.next_power_of_2(Dk)), "v": max(low, triton.next_power_of_2(Dv)),
+           "e": max(low, triton.next_power_of_2(Ne))}
+    return tiles * sum(pad[r] * pad[c] for r, c in _FACTOR_DIMS)
+
+
+def _recurrent_fits(Dk, Dv):
+    """Whether both recurrent kernels have a configuration for these head sizes on a GPU (what
+    backend='auto' checks before it hands a size to them)."""
+    if triton is None or _V_TILES:
+        return triton is not None
+    Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1
+    return _whole_state_values(Dk, Dv, Ne, _TILES_BWD) <= _WHOLE_STATE_LIMIT
+
+
+def _check_fits(Dk, Dv, Ne, tiles, backward):
+    """Coupled specs keep the whole state of a (batch, head) in one program: refuse, with the limit, a size
+    whose live tiles cannot stay on chip. Measured on sm_90 (Moneta): the limit's edge (D = 16 backward,
+    D = 32 forward) already spills 8 KB and compiles in 25-60 s; beyond it ptxas runs for many minutes
+    (D = 128, E = 512: over 7). The interpreter has no such limit."""
+    if _V_TILES or _interpreted():
+        return
+    values = _whole_state_values(Dk, Dv, Ne, tiles)
+    if values > _WHOLE_STATE_LIMIT:
+        raise RuntimeError(
+            f"the fused recurrent Triton {'backward' if backward else 'forward'} kernel of this spec keeps the whole "
+            f"memory of a (batch, head) in one program ({_V_TILE_REASON}): about {values} fp32 values at Dk={Dk}, "
+            f"Dv={Dv}, hidden {Ne}, over the {_WHOLE_STATE_LIMIT} that fit in registers (255 per thread, 8 warps). "
+            f"Use backend='torch', algorithm='chunked' where the spec has it, or smaller heads")
+
 
 if triton is not None:
 {{KERNEL}}
@@ -765,11 +1016,17 @@ def _launch_recurrent(q, k, v, c, state):
         final[key] = torch.empty_like(src)
         args += [src, final[key]]
     args += _factor_scratch(q, v, Ne, ("FDL", "FX"))
+    _check_fits(Dk, Dv, Ne, _TILES_FWD, False)
     # tl.dot (batched factors) needs every dimension >= 16; padded lanes are masked to zero
     low = 16 if _FACTOR_BLOCK else 1
-    _fused_recurrent_fwd[(B * H,)](*args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)),
-                                   BK=max(low, triton.next_power_of_2(Dk)), BV=max(low, triton.next_power_of_2(Dv)),
-                                   BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16)
+
+    def launch(cfg):
+        bv, warps = cfg
+        _fused_recurrent_fwd[(triton.cdiv(Dv, bv) if _V_TILES else 1, B * H)](
+            *args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)), BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
+            BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16, num_warps=warps)
+
+    launch(_config_for("fwd", q, Dk, Dv, Ne, _TILES_FWD, launch))
     return o, final
 
 
@@ -788,13 +1045,26 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
     n_ck = triton.cdiv(T, _BWD_SEGMENT)
     shapes = _weight_shapes(Dk, Dv)
     args += [torch.empty(B * H, n_ck + _BWD_SEGMENT, *shapes[i], **f32) for i in _BWD_STATE_WEIGHT]
-    dq, dk = torch.empty(B, H, T, Dk, **f32), torch.empty(B, H, T, Dk, **f32)
-    dv, dc = torch.empty(B, H, T, Dv, **f32), torch.empty(B, H, T, len(_COEF_ORDER), **f32)
+    _check_fits(Dk, Dv, Ne, _TILES_BWD, True)
     low = 16 if _FACTOR_BLOCK else 1
-    _fused_recurrent_bwd[(B * H,)](*args, dq, dk, dv, dc, *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX")),
-                                   T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
-                                   BK=max(low, triton.next_power_of_2(Dk)), BV=max(low, triton.next_power_of_2(Dv)),
-                                   BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16)
+    dv = torch.empty(B, H, T, Dv, **f32)
+
+    def launch(cfg):
+        bv, warps = cfg
+        n_v = triton.cdiv(Dv, bv) if _V_TILES else 1
+        # dq, dk and the coefficients' gradients sum over the value rows: each V tile writes its partial sums
+        dq, dk = torch.empty(n_v, B, H, T, Dk, **f32), torch.empty(n_v, B, H, T, Dk, **f32)
+        dc = torch.empty(n_v, B, H, T, len(_COEF_ORDER), **f32)
+        _fused_recurrent_bwd[(n_v, B * H)](*args, dq, dk, dv, dc,
+                                           *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX"), n_v),
+                                           T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
+                                           BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
+                                           BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16,
+                                           num_warps=warps)
+        return dq, dk, dc
+
+    dq, dk, dc = launch(_config_for("bwd", q, Dk, Dv, Ne, _TILES_BWD, launch))
+    dq, dk, dc = dq.sum(0), dk.sum(0), dc.sum(0)
     dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
 
