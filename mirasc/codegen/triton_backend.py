@@ -952,6 +952,21 @@ def _config_for(name, q, Dk, Dv, Ne, tiles, launch):
     return _pick_config((name, Dk, Dv, q.dtype, q.device.index), candidates, launch)
 
 
+def _recurrent_space(tiles):
+    """The configurations a GPU may try for a recurrent kernel (what `mirasc kernels` compiles): the resource
+    model's candidates at the launch's sizes, as many as the first launch times. The model bounds registers,
+    not shared memory (these kernels use almost none), so smem_limit does not prune it."""
+    def space(args, smem_limit):
+        cands = _tile_candidates(args["Nk"], args["Nv"], args["Ne"], tiles)[:_TUNE_MAX]
+        return [triton.Config({"BV": bv}, num_warps=w) for bv, w in cands]  # default stages, as launched
+    return space
+
+
+# kernel name -> its autotuning space at a launch's arguments (read by `mirasc kernels`)
+_RECURRENT_AUTOTUNE = {"_fused_recurrent_fwd": _recurrent_space(_TILES_FWD),
+                       "_fused_recurrent_bwd": _recurrent_space(_TILES_BWD)}
+
+
 _WHOLE_STATE_LIMIT = 255 * 32 * 8  # fp32 values: 255 registers per thread at 8 warps
 
 
