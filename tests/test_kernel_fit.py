@@ -5,7 +5,9 @@ linear-memory kernels at the first (safest) and last (nearest the limits) config
 model keeps, for bf16 and fp32 inputs, and the flash attention kernels. Each compiled configuration must
 fit the target's shared memory and compile in under 60 s; each chunked forward kernel must have a kept
 configuration that does not spill.
-The full table over every bundled spec and configuration is `mirasc kernels` (benchmarks/RESULTS.md)."""
+The fused recurrent kernels of linear memories are tiled over V (BV < D) and their forward has a candidate
+without spills; a memory too large for one program is refused with its reason. The full table over every
+bundled spec is `benchmarks/kernel_table.py` (benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -21,11 +23,17 @@ ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("triton")
 
 CASES = [
-    # (spec, target, dk, dtype, kernels that must not spill)
-    ("gated_deltanet", "sm_90", 128, "bfloat16", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    ("mamba2", "sm_80", 128, "float32", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    ("transformer", "sm_90", 128, "bfloat16", set()),
+    # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
+    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    ("transformer", "sm_90", 128, "bfloat16", None, set()),
+    # the fused recurrent kernels, tiled over V (the resource model's candidates)
+    ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
+    ("sparse_lp", "sm_80", 128, "float32", "recurrent", {"_fused_recurrent_fwd"}),
 ]
+KERNELS = {"chunked": {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
+                       "_chunk_grads_bwd"},
+           "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 
 
 def _nvidia_tools_present():
@@ -35,24 +43,30 @@ def _nvidia_tools_present():
     return spec and (Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists()
 
 
-@pytest.mark.skipif(not _nvidia_tools_present(), reason="triton without its NVIDIA backend tools")
-@pytest.mark.parametrize("spec,target,dk,dtype,no_spill", CASES, ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in CASES])
-def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, no_spill):
+def _kernels(tmp_path, *args):
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")  # empty: honest compile times
     env["PYTHONPATH"] = str(ROOT)
-    algorithm = [] if spec == "transformer" else ["--algorithm", "chunked"]
-    proc = subprocess.run([sys.executable, "-m", "mirasc.cli", "kernels", str(ROOT / "specs" / f"{spec}.miras"),
-                           "--target", target, "--dk", str(dk), "--dtype", dtype, "--length", "128", "--extremes",
-                           "--json", str(out), *algorithm], capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "mirasc.cli", "kernels", *args, "--length", "128", "--extremes",
+                           "--json", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    return proc, (json.loads(out.read_text()) if out.exists() else [])
+
+
+needs_tools = pytest.mark.skipif(not _nvidia_tools_present(), reason="triton without its NVIDIA backend tools")
+
+
+@needs_tools
+@pytest.mark.parametrize("spec,target,dk,dtype,algorithm,no_spill", CASES,
+                         ids=[f"{c[0]}-{c[1]}-{c[3]}-{c[4]}" for c in CASES])
+def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spill):
+    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / f"{spec}.miras"), "--target", target, "--dk", str(dk),
+                          "--dtype", dtype, *(["--algorithm", algorithm] if algorithm else []))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())
     names = {r["kernel"] for r in rows}
     assert names, "no kernel was launched"
-    if spec != "transformer":
-        assert {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_state_bwd", "_chunk_grads_bwd"} <= names
+    if algorithm:
+        assert names == KERNELS[algorithm]
     for r in rows:
         if r["kept"] is False:
             continue
@@ -60,6 +74,18 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, no_spill):
         assert r["ok"], f"{where}: {r['error']}"
         assert r["fits"], f"{where}: {r['shared_bytes']} B of shared memory on {target}"
         assert r["compile_s"] < 60, f"{where}: {r['compile_s']} s to compile"
+        if algorithm == "recurrent":
+            assert r["config"]["BV"] < dk, f"{where}: not tiled over V"
     for name in no_spill:
         spills = [r["spill_bytes"] for r in rows if r["kernel"] == name and r["kept"] is not False]
         assert 0 in spills, f"{name}: every compiled configuration spills ({spills} B)"
+
+
+@needs_tools
+def test_a_memory_too_large_for_one_program_is_refused(tmp_path):
+    """Moneta (MLP memory, whole-matrix lq norm) keeps a (batch, head)'s whole state in one program: at
+    D = 128 that cannot fit, so the module refuses the size with the limit named and `kernels` exits 3."""
+    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / "moneta.miras"), "--dk", "128", "--algorithm", "recurrent")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert [r["kernel"] for r in rows] == ["(recurrent fwd: refused)"]
+    assert "registers" in rows[0]["error"] and "128" in rows[0]["error"]
