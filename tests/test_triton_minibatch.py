@@ -33,6 +33,8 @@ VARIANTS = {
 
 
 def compile_named(name):
+    if name == "any_c3":
+        return mirasc.compile_spec(f"model any_c3 {{\n{ANY_C.format(C=3)}\n}}\n")
     if name in VARIANTS:
         return mirasc.compile_spec(f"model {name} {{\n{VARIANTS[name]}\n}}\n")
     return mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
@@ -97,8 +99,8 @@ def test_which_specs_have_minibatch_kernels():
 
 
 def test_triton_default_is_the_minibatch_kernel(monkeypatch):
-    """backend="triton" runs the mini-batch kernels for a power-of-two mini-batch >= 16 and the recurrent
-    kernel otherwise (minibatch(4)); the result is the same function either way."""
+    """backend="triton" runs the mini-batch kernels for every mini-batch size (minibatch(4) too: its chunks
+    are padded to a 16-row tile); the result is the same function as the recurrent kernel's and torch's."""
     mod = compile_named("ttt_mlp")
     data = inputs(mod, 1, 20, 1, 8, 8)
     calls = []
@@ -110,11 +112,34 @@ def test_triton_default_is_the_minibatch_kernel(monkeypatch):
     assert rel(a, b) < 1e-5
     small = mirasc.compile_spec(mod.SPEC.replace("minibatch(C=16)", "minibatch(C=4)"))
     assert small.MINIBATCH == 4
-    c, _ = small.apply(*data[:4], state=data[4], backend="triton")  # falls back to the recurrent kernel
+    calls = []
+    real_small = small._minibatch_triton
+    monkeypatch.setattr(small, "_minibatch_triton", lambda *a, **kw: calls.append(1) or real_small(*a, **kw))
+    c, _ = small.apply(*data[:4], state=data[4], backend="triton")
+    assert calls == [1]
     d, _ = small.apply(*data[:4], state=data[4], backend="torch")
     assert rel(c, d) < 1e-5
-    with pytest.raises(ValueError, match="power of two"):
-        small.apply(*data[:4], state=data[4], backend="triton", algorithm="chunked")
+
+
+ANY_C = ("memory = mlp(depth=2, expansion=2, act=gelu, residual=true, norm=layernorm)\nbias = l2\n"
+         "retention = decay(alpha=gate)\nlearner = momentum(lr=gate, theta=gate)\nparallel = minibatch({C})")
+
+
+@pytest.mark.parametrize("C", [1, 3, 4, 8, 16, 64])
+def test_any_minibatch_size(C):
+    """minibatch(C) for any C on the mini-batch kernels (a Titans-like memory: momentum, decay, LayerNorm,
+    residual): chunks of C tokens padded to a tile of max(16, next power of two) rows. Two full chunks and a
+    partial one; outputs, final state and every gradient vs the float64 torch recurrence."""
+    mod = mirasc.compile_spec(f"model any_c {{\n{ANY_C.format(C=C)}\n}}\n")
+    assert mod.MINIBATCH == C
+    data = inputs(mod, 1, 2 * C + max(1, C // 2), 1, 8, 8)
+    outs, grads = grads_of(mod, *data, torch.float32, backend="triton", algorithm="chunked")
+    ref_outs, ref_grads = grads_of(mod, *data, torch.float64, backend="torch", algorithm="recurrent")
+    for a, b in zip(outs, ref_outs):
+        assert rel(a, b) < 2e-5
+    for n, a, b in zip(["q", "k", "v", *data[3], *data[4]], grads, ref_grads):
+        assert b.norm() > 0, n
+        assert rel(a, b) < 5e-5, n
 
 
 def test_minibatch_fp16_inputs():
@@ -139,7 +164,7 @@ def test_minibatch_op_compiles_without_graph_breaks():
     assert_compiled_matches_eager(run, q, k, v, gates, state)
 
 
-@pytest.mark.parametrize("name", ["ttt_mlp", "mlp_post_decay"])
+@pytest.mark.parametrize("name", ["ttt_mlp", "mlp_post_decay", "any_c3"])
 def test_packed_sequences_in_one_launch(name):
     """cu_seqlens on the mini-batch kernels: sequences become padded rows of one launch; each row's chunk
     ends are taken at its last real token (with momentum, padding tokens are not no-ops: W keeps moving
@@ -164,6 +189,9 @@ def test_packed_sequences_in_one_launch(name):
             runs.append((o, [final[n] for n in sorted(final)], torch.autograd.grad(loss, ins)))
         (o, fin, grads), (ref, ref_fin, ref_grads) = runs
         assert len(grads) == len(leaves)
-        assert rel(o, ref) < 1e-5
+        # float32 on both sides; Titans-like momentum + LayerNorm over 14 chunks amplifies rounding: vs float64
+        # the kernels' S is off by 3.5e-5, torch float32's by 1.0e-5
+        tol = 6e-5 if name == "any_c3" else 1e-5
+        assert rel(o, ref) < tol
         for a, b in zip(fin + list(grads), ref_fin + list(ref_grads)):
-            assert rel(a, b) < 1e-5
+            assert rel(a, b) < tol

@@ -22,7 +22,9 @@ printed with (2)) gives dq and, per weight, pairs (L, R) with ∂ℓ/∂W_t = L_
 the bias's gates and W_0. Torch autograd carries dK, dγ, db through the preparation into η, α, θ.
 
 Schedule: one program per (batch, head) holds every weight as one tile (no tiling of the hidden
-width), chunk length = C (a power of two >= 16: one tl.dot block). This fits on-chip for the head
+width). A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
+each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
+and padded rows change nothing (their outputs are dropped). This fits on-chip for the head
 sizes the interpreter tests and for small heads on a GPU; tiling the hidden width E for D = 128,
 E = 512 memories is future work.
 """
