@@ -195,3 +195,37 @@ def test_packed_sequences_in_one_launch(name):
         assert rel(o, ref) < tol
         for a, b in zip(fin + list(grads), ref_fin + list(ref_grads)):
             assert rel(a, b) < tol
+
+
+# The streamed kernels (weights in global memory, every dimension walked in tiles): forced, with 16-wide
+# tiles, at head sizes that take several tiles with a partial last one (Dk = 20: 16 + 4; E = 40 or 80),
+# and for a Dv != Dk memory. Same checks and tolerances as the single-tile kernels.
+STREAM_CASES = {"titans_like_c8": (20, 20), "ttt_mlp": (8, 8), "yaad": (8, 8), "mlp_post_decay": (20, 13),
+                "mlp_depth3_tanh": (8, 8), "linear_huber_momentum": (20, 13)}
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_CASES))
+def test_streamed_kernels_match_the_recurrence(name, monkeypatch):
+    mod = (mirasc.compile_spec(f"model titans_like_c8 {{\n{ANY_C.format(C=8)}\n}}\n") if name == "titans_like_c8"
+           else compile_named(name))
+    monkeypatch.setattr(mod, "MINIBATCH_SCHEDULE", "stream")
+    monkeypatch.setattr(mod, "MB_STREAM_TILE", 16)
+    Dk, Dv = STREAM_CASES[name]
+    T = 2 * mod.MINIBATCH + 5 if mod.MINIBATCH < 64 else 70
+    data = inputs(mod, 1, T, 1, Dk, Dv)
+    outs, grads = grads_of(mod, *data, torch.float32, backend="triton", algorithm="chunked")
+    ref_outs, ref_grads = grads_of(mod, *data, torch.float64, backend="torch", algorithm="recurrent")
+    for a, b in zip(outs, ref_outs):
+        assert rel(a, b) < 2e-5
+    for n, a, b in zip(["q", "k", "v", *data[3], *data[4]], grads, ref_grads):
+        assert b.norm() > 0 or n == "v", n
+        assert rel(a, b) < 5e-5, n
+
+
+def test_schedule_choice():
+    """Small states keep the single-tile kernels; big ones (Titans at D = 64 or 128) stream, and backend="auto"
+    sends heads up to D = 128 with E = 4 D to the kernels."""
+    mod = compile_named("titans")
+    assert mod._mb_schedule(8, 8) == "tile"
+    assert mod._mb_schedule(64, 64) == "stream" and mod._mb_schedule(128, 128) == "stream"
+    assert mod._minibatch_fits(128, 128) and not mod._minibatch_fits(256, 256)

@@ -37,6 +37,7 @@ from pathlib import Path
 from .. import ir
 from .. import spec as S
 from ..derive import Derivation
+from . import triton_minibatch_stream as stream
 from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
@@ -261,6 +262,11 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
     kernels += ("\n    @triton.jit\n    def _minibatch_bwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
                 + "\n".join("        " + ln for ln in body) + "\n")
+    # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
+    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
+    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
+    kernels += "\n" + fwd_src + "\n" + bwd_src
     flags = {"momentum": mom, "has_alpha": spec.retention.kind == "decay"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+    return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
