@@ -44,6 +44,7 @@ tile, from L2. Parallelism is still one program per (batch, head).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from contextlib import contextmanager
 
@@ -85,11 +86,28 @@ class Scratch:
         return " + ".join(terms) if terms else "0"
 
 
+# a stage's temporaries: renamed per stage (acc_7, ...), since Triton refuses a name that a later loop
+# re-assigns with another shape (e.g. [BC, TK] then [BC, TE])
+TEMPS = ("acc", "acc_s", "racc", "amat", "kmat", "_h", "_x", "_d", "_l", "_r", "_w", "_s", "_dw", "_ds", "_lg", "_lb",
+         "_dy", "_c", "_a", "_g", "_pk", "mu", "rs", "var", "s_dy", "s_dyh", "mdy", "mac", "ga", "gc", "r3", "sx",
+         "rx", "lx", "rxk", "lxk")
+_TEMP_RE = re.compile(r"\b(" + "|".join(TEMPS) + r")\b")
+
+
 class Lines:
     def __init__(self):
         self.lines: list[str] = []
         self.ind = 0
         self.n = 0
+        self.stages = 0
+
+    @contextmanager
+    def stage(self):
+        start = len(self.lines)
+        yield
+        self.stages += 1
+        sfx = f"_{self.stages}"
+        self.lines[start:] = [_TEMP_RE.sub(lambda m: m.group(1) + sfx, ln) for ln in self.lines[start:]]
 
     def __call__(self, *lines: str) -> None:
         self.lines += ["    " * self.ind + ln for ln in lines]
@@ -113,33 +131,37 @@ class Lines:
 # ("coef", j) column j of the per-token coefficients; ("weight", i).
 
 
-def ld(v, off: str) -> str:
-    """A [BC, T_dim] tile of vector value v from column `off`; padded columns read as 0."""
-    _, dim, base, stride = v
-    cols = f"({off} + {AR[dim]})"
-    return (f"tl.load({base} + rc[:, None] * {stride} + {cols}[None, :], mask=({cols} < {SIZE[dim]})[None, :], "
-            "other=0.0)")
+# Addresses are written as (scalar base + tile offset) + (a loop-invariant [rows, cols] offset tensor): the
+# scalar part changes with the loop, so the compiler cannot hoist a [BC, T] pointer tensor per use out of the
+# chunk loop (that kept dozens of them live: 255 registers and spills); the invariant integer offsets are few
+# (one per stride) and shared.
+def ld(v, off: str, dim: str | None = None) -> str:
+    """A [BC, T_dim] tile of vector value v from column `off`; padded columns read as 0. `dim`: the loop's
+    dimension when it differs from v's (x + y with x of Dk and y of Dv lanes, Dk = Dv)."""
+    _, vdim, base, stride = v
+    dim = dim or vdim
+    return (f"tl.load({base} + {off} + (rc[:, None] * {stride} + {AR[dim]}[None, :]), "
+            f"mask=({AR[dim]} < {SIZE[vdim]} - {off})[None, :], other=0.0)")
 
 
 def st(v, off: str, val: str) -> str:
     _, dim, base, stride = v
-    cols = f"({off} + {AR[dim]})"
-    return f"tl.store({base} + rc[:, None] * {stride} + {cols}[None, :], {val}, mask=({cols} < {SIZE[dim]})[None, :])"
+    return (f"tl.store({base} + {off} + (rc[:, None] * {stride} + {AR[dim]}[None, :]), {val}, "
+            f"mask=({AR[dim]} < {SIZE[dim]} - {off})[None, :])")
 
 
 def ld_s(v) -> str:
     """A per-token scalar value as a [BC, 1] tile."""
     if v[0] == "coef":
-        return f"tl.load(C + (bh * T + tok) * NC + {v[1]})[:, None]"
+        return f"tl.load(C + (bh * T + ci * BC) * NC + {v[1]} + rc * NC)[:, None]"
     return f"tl.load({v[1]} + rc)[:, None]"
 
 
 def wtile(base: str, dims, r: str, c: str) -> tuple[str, str]:
     """(pointers, mask) of the [T_rows, T_cols] tile at (r, c) of a [N_rows, N_cols] weight at base."""
     rows, cols = dims
-    rr, cc = f"({r} + {AR[rows]})", f"({c} + {AR[cols]})"
-    return (f"{base} + {rr}[:, None] * {SIZE[cols]} + {cc}[None, :]",
-            f"({rr} < {SIZE[rows]})[:, None] & ({cc} < {SIZE[cols]})[None, :]")
+    return (f"{base} + {r} * {SIZE[cols]} + {c} + ({AR[rows]}[:, None] * {SIZE[cols]} + {AR[cols]}[None, :])",
+            f"({AR[rows]} < {SIZE[rows]} - {r})[:, None] & ({AR[cols]} < {SIZE[cols]} - {c})[None, :]")
 
 
 def wload(base: str, dims, r: str, c: str) -> str:
@@ -176,7 +198,8 @@ class GraphPrinter:
                 outs[op.arg] = a[0]
             else:
                 self.em(f"# {op.name} = {op.op}")
-                vals[nid] = getattr(self, "op_" + op.op)(op, a)
+                with self.em.stage():
+                    vals[nid] = getattr(self, "op_" + op.op)(op, a)
                 self.em.barrier()
         return outs
 
@@ -204,7 +227,7 @@ class GraphPrinter:
         with em.loop(vdims[0], "j"):
             for s, v in zip(syms, a):
                 names[s] = em.fresh("_a")
-                em(f"{names[s]} = {ld(v, 'j') if v[0] == 'vec' else ld_s(v)}")
+                em(f"{names[s]} = {ld(v, 'j', vdims[0]) if v[0] == 'vec' else ld_s(v)}")
             var = em.fresh("_r")
             em(*print_triton_block({var: expr}, names, prefix=f"{var}_"))
             em(st(out, "j", var))
@@ -222,8 +245,8 @@ class GraphPrinter:
 
     def _red(self, op, a, fn):
         out = ("scal", self.scr.scal())
-        self._sum(a[0], lambda t: f"{t} * {t}" if op.op != "rowsum" else t, "acc")
-        self.em(f"tl.store({out[1]} + rc, {fn('acc')})")
+        self._sum(a[0], lambda t: f"{t} * {t}" if op.op != "rowsum" else t, "racc")
+        self.em(f"tl.store({out[1]} + rc, {fn('racc')})")
         return out
 
     def op_rownorm(self, op, a):
@@ -240,12 +263,12 @@ class GraphPrinter:
         N = SIZE[n]
         self._sum(z, lambda t: t, "mu")
         self.em(f"mu = (mu / {N})[:, None]")
-        cen = f"tl.where(((j + {AR[n]}) < {N})[None, :], {{t}} - mu, 0.0)"
+        cen = f"tl.where(({AR[n]} < {N} - j)[None, :], {{t}} - mu, 0.0)"
         self._sum(z, lambda t: f"{cen.format(t=t)} * {cen.format(t=t)}", "var")
         self.em(f"rs = tl.rsqrt(var / {N} + 1e-5)[:, None]")
 
     def _mask(self, n):
-        return f"((j + {AR[n]}) < {SIZE[n]})[None, :]"
+        return f"({AR[n]} < {SIZE[n]} - j)[None, :]"
 
     def op_layernorm(self, op, a):
         z = a[0]
@@ -322,19 +345,18 @@ class GraphPrinter:
         out = self.new_vec(dout)
         with em.loop(dout, "j"):
             em(f"acc = tl.zeros([BC, {TILE[dout]}], tl.float32)")
-            if dual and self.mom:
-                em(f"acc_s = tl.zeros([BC, {TILE[dout]}], tl.float32)")
             with em.loop(din, "i"):
                 em(f"_h = {ld(h, 'i')}")
-                bases = [("acc", self.anchor[i])] + ([("acc_s", self.mom_anchor[i])] if dual and self.mom else [])
-                for acc, base in bases:
+                # γ ∘ (H W_0ᵀ) = (γ ∘ H) W_0ᵀ: a row scale commutes with the matmul, so one accumulator
+                bases = [("_h * gam" if dual else "_h", self.anchor[i])]
+                if dual and self.mom:
+                    bases.append(("_h * bm", self.mom_anchor[i]))
+                for lhs, base in bases:
                     if transposed:
-                        em(f"{acc} += {_dot('_h', wload(base, self.wdims[i], 'i', 'j'))}")
+                        em(f"acc += {_dot(lhs, wload(base, self.wdims[i], 'i', 'j'))}")
                     else:
-                        em(f"{acc} += {_dot('_h', 'tl.trans(' + wload(base, self.wdims[i], 'j', 'i') + ')')}")
-            val = "acc"
-            if dual:
-                val = "gam * acc" + (" + bm * acc_s" if self.mom else "") + f" + {_dot('amat', ld(f_out, 'j'))}"
+                        em(f"acc += {_dot(lhs, 'tl.trans(' + wload(base, self.wdims[i], 'j', 'i') + ')')}")
+            val = f"acc + {_dot('amat', ld(f_out, 'j'))}" if dual else "acc"
             em(st(out, "j", val))
         return out
 
@@ -376,6 +398,15 @@ def _ck(base: str, wd, slot: str) -> str:
     return f"{base} + (bh * (NCH + 1) + {slot}) * {SIZE[rows]} * {SIZE[cols]}"
 
 
+def _staged(fn):
+    """Run an emitter as one stage (its temporaries renamed apart from other stages')."""
+    def run(em, *args, **kw):
+        with em.stage():
+            return fn(em, *args, **kw)
+    return run
+
+
+@_staged
 def _each_tile(em: Lines, wd, body) -> None:
     with em.loop(wd[0], "j"):
         with em.loop(wd[1], "i"):
@@ -544,6 +575,7 @@ def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]
     return src, Scratch.expr(scr.used)
 
 
+@_staged
 def _chunk_end_bwd(em, i, wd, fac, ddl, dx, dw, dwn, w0, ds, dsn, s0):
     """The chunk end's reverse for weight i: dΔ, dX (initialised here), dk_n, dg (and db_n, dΘ_n), and
     the new cotangent g dW (+ b_n dW + Θ_n dS for S) of the anchor."""
@@ -583,6 +615,7 @@ def _chunk_end_bwd(em, i, wd, fac, ddl, dx, dw, dwn, w0, ds, dsn, s0):
     _each_tile(em, wd, tile)
 
 
+@_staged
 def _pair_bwd(em, wd, fac, lft, rgt, ddl, dx, dwn, w0, dsn, s0):
     """One pair (L, R) of the read's ∂ℓ/∂W_t = Σ L Rᵀ through the dual form (2)."""
     dl, x = fac
