@@ -44,6 +44,7 @@ tile, from L2. Parallelism is still one program per (batch, head).
 
 from __future__ import annotations
 
+import copy
 import re
 from collections import Counter
 from contextlib import contextmanager
@@ -484,59 +485,72 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str])
 
 
 def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> tuple[str, str]:
+    """Two kernels per chunk, launched in turn for chunks NCH-1 .. 0 (CC = NCH-1-chunk); one is ~half the code,
+    so each compiles in well under a minute. DW0_i / DS0_i hold the cotangent of the chunk end on entry and of
+    the chunk's anchor on exit (the torch glue starts them at the final state's cotangent):
+      A: the factors, the read's reverse (dq, the pairs), the chunk end's reverse: dΔ, dX, dK, dγ, db, dk_n,
+         dg, dΘ, and M = g dW + Σ (L ∘ γ)ᵀ R (MS = b_n dW + Θ_n dS + Σ (L ∘ b)ᵀ R) in scratch;
+      B: the factors' reverse (dk, dv, the bias's gates) and dW_0 = M + Σ Lᵀ R, dS_0 = MS.
+    Each kernel only reads what the other writes, so a repeated launch (the autotuner's) gives the same result.
+    Returns (both kernels' source, scratch floats per program)."""
     mom = spec.learner.kind == "momentum"
     wdims = spec.weight_dims()
     n_w = len(wdims)
     gvjp = ir.vjp(grad, {f"{n}{i + 1}": f"ct_{n}{i + 1}" for i in range(n_w) for n in ("delta", "input")},
                   "memory_grad_vjp")
     fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
-    em, scr = Lines(), Scratch()
+    shared = Scratch()  # what A hands to B; each kernel's own slots come after
     size = [f"{SIZE[r]} * {SIZE[c]}" for r, c in wdims]
-    pp = [scr.take({size[i]: 2}) for i in range(n_w)]  # ping-pong: the cotangent of the chunk end, then of W_0
-    pps = [scr.take({size[i]: 2}) for i in range(n_w)] if mom else []
-    _prologue(em)
-    for i, wd in enumerate(wdims):
-        _copy_weight(em, wd, f"DWF{i} + bh * {size[i]}", pp[i])
-        if mom:
-            _copy_weight(em, wd, f"DSF{i} + bh * {size[i]}", pps[i])
-    em.barrier()
-    em("for cc in range(NCH):")
-    em.ind += 1
-    em("ci = NCH - 1 - cc", "cur = (cc % 2)", "nxt = 1 - cur")
-    _chunk_coefs(em, mom)
+    mid = [shared.take({size[i]: 1}) for i in range(n_w)]
+    mid_s = [shared.take({size[i]: 1}) for i in range(n_w)] if mom else [None] * n_w
+    ddl = [("vec", r, shared.vec(r), SIZE[r]) for r, _ in wdims]
+    dx = [("vec", c, shared.vec(c), SIZE[c]) for _, c in wdims]
+    dw = [f"DW0_{i} + bh * {size[i]}" for i in range(n_w)]
+    ds = [f"DS0_{i} + bh * {size[i]}" for i in range(n_w)] if mom else [None] * n_w
+    anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
+    mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
+
+    def start():
+        em, scr = Lines(), copy.deepcopy(shared)
+        _prologue(em)
+        em("ci = NCH - 1 - CC")
+        _chunk_coefs(em, mom)
+        env, facs = _factors(em, scr, wdims, grad, coef_order, anchors, mom_anchors, mom)
+        return em, scr, env, facs
+
+    # ---- A
+    em, scr_a, env, facs = start()
     em("tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], tl.zeros([BC, BC], tl.float32))",
        "dgam = tl.zeros([BC], tl.float32)", "dkl = tl.zeros([BC], tl.float32)", "dgl = 0.0")
     if mom:
         em("dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)", "dbl = 0.0", "dthl = 0.0")
-    anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
-    mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
-    dw_cur = [f"{pp[i]} + cur * {size[i]}" for i in range(n_w)]
-    dw_nxt = [f"{pp[i]} + nxt * {size[i]}" for i in range(n_w)]
-    ds_cur = [f"{pps[i]} + cur * {size[i]}" for i in range(n_w)] if mom else []
-    ds_nxt = [f"{pps[i]} + nxt * {size[i]}" for i in range(n_w)] if mom else []
-    env, facs = _factors(em, scr, wdims, grad, coef_order, anchors, mom_anchors, mom)
     # the read's reverse, printed with the dual form: dq and the pairs (L, R) of ∂ℓ/∂W_t
-    fo = _Printer(em, scr, wdims, anchors, mom_anchors, facs, mom).run(
+    fo = _Printer(em, scr_a, wdims, anchors, mom_anchors, facs, mom).run(
         fvjp, {"x": _tokens("Q", "k"), "ct_y": _tokens("DO", "v")})
     _copy_tokens(em, "k", fo.get("d_x"), _tokens("DQ", "k"))
-    ddl = [("vec", r, scr.vec(r), SIZE[r]) for r, _ in wdims]
-    dx = [("vec", c, scr.vec(c), SIZE[c]) for _, c in wdims]
     for i, wd in enumerate(wdims):
-        _chunk_end_bwd(em, i, wd, facs[i], ddl[i], dx[i], dw_cur[i], dw_nxt[i], anchors[i],
-                       ds_cur[i] if mom else None, ds_nxt[i] if mom else None, mom_anchors[i] if mom else None)
+        _chunk_end_bwd(em, i, wd, facs[i], ddl[i], dx[i], dw[i], mid[i], anchors[i], ds[i], mid_s[i], mom_anchors[i])
     em.barrier()
     for i, wd in enumerate(wdims):
         j = 0
         while f"outer{i}_{j}_l" in fo:
-            _pair_bwd(em, wd, facs[i], fo[f"outer{i}_{j}_l"], fo[f"outer{i}_{j}_r"], ddl[i], dx[i], dw_nxt[i],
-                      anchors[i], ds_nxt[i] if mom else None, mom_anchors[i] if mom else None)
+            _pair_bwd(em, wd, facs[i], fo[f"outer{i}_{j}_l"], fo[f"outer{i}_{j}_r"], ddl[i], dx[i], mid[i],
+                      anchors[i], mid_s[i], mom_anchors[i])
             em.barrier()
             j += 1
-    # the gradient factors' reverse: dΔ, dX back to k, v, the bias's gates and W_0
+    em("tl.store(DGAM + bh * T + tok, dgam)", "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
+       "tl.store(DSC + (bh * NCH + ci) * 3, dgl)")
+    if mom:
+        em("tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
+           "tl.store(DSC + (bh * NCH + ci) * 3 + 1, dbl)", "tl.store(DSC + (bh * NCH + ci) * 3 + 2, dthl)")
+    lines_a = em.lines
+
+    # ---- B: the gradient factors' reverse: dΔ, dX back to k, v, the bias's gates and W_0
+    em, scr_b, env, facs = start()
     env = dict(env)
     for i in range(n_w):
         env[f"ct_delta{i + 1}"], env[f"ct_input{i + 1}"] = ddl[i], dx[i]
-    go = _Printer(em, scr, wdims, anchors, mom_anchors, None, mom).run(gvjp, env)
+    go = _Printer(em, scr_b, wdims, anchors, mom_anchors, None, mom).run(gvjp, env)
     _copy_tokens(em, "k", go.get("d_k"), _tokens("DK", "k"))
     _copy_tokens(em, "v", go.get("d_v"), _tokens("DV", "v"))
     for j, n in enumerate(coef_order):
@@ -546,33 +560,33 @@ def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]
                 raise Unsupported(f"the gradient of the gate {n} is not a per-token scalar")
             em(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.load({v[1]} + rc))")
     for i, wd in enumerate(wdims):
+        _copy_weight(em, wd, mid[i], dw[i])
+        if mom:
+            _copy_weight(em, wd, mid_s[i], ds[i])
+    em.barrier()
+    for i, wd in enumerate(wdims):
         j = 0
         while f"outer{i}_{j}_l" in go:
             lft, rgt = go[f"outer{i}_{j}_l"], go[f"outer{i}_{j}_r"]
             _each_tile(em, wd, lambda lft=lft, rgt=rgt, i=i, wd=wd: em(
-                wstore(dw_nxt[i], wd, "j", "i", wload(dw_nxt[i], wd, "j", "i") + " + "
+                wstore(dw[i], wd, "j", "i", wload(dw[i], wd, "j", "i") + " + "
                        + _dot(f"tl.trans({ld(lft, 'j')})", ld(rgt, "i")))))
             em.barrier()
             j += 1
-    em("tl.store(DGAM + bh * T + tok, dgam)", "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
-       "tl.store(DSC + (bh * NCH + ci) * 3, dgl)")
-    if mom:
-        em("tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
-           "tl.store(DSC + (bh * NCH + ci) * 3 + 1, dbl)", "tl.store(DSC + (bh * NCH + ci) * 3 + 2, dthl)")
-    em.barrier()
-    em.ind -= 1
-    em("fin = NCH % 2")
-    for i, wd in enumerate(wdims):
-        _copy_weight(em, wd, f"{pp[i]} + fin * {size[i]}", f"DW0_{i} + bh * {size[i]}")
-        if mom:
-            _copy_weight(em, wd, f"{pps[i]} + fin * {size[i]}", f"DS0_{i} + bh * {size[i]}")
+    lines_b = em.lines
+
     ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
     for i in range(n_w):
-        ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
-    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR"]
-    src = ("    @triton.jit\n    def _minibatch_stream_bwd(" + ", ".join(ptrs) + ", " + CONSTS
-           + "):  # noqa: C901\n" + "\n".join("        " + ln for ln in em.lines) + "\n")
-    return src, Scratch.expr(scr.used)
+        ptrs += [f"CKW{i}", f"CKS{i}", f"DW0_{i}", f"DS0_{i}"]
+    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR", "CC"]
+    src = ""
+    for name, lines in (("a", lines_a), ("b", lines_b)):
+        src += (f"\n    @triton.jit\n    def _minibatch_stream_bwd_{name}(" + ", ".join(ptrs) + ", " + CONSTS
+                + "):  # noqa: C901\n" + "\n".join("        " + ln for ln in lines) + "\n")
+    used = Counter(scr_a.used)
+    for m, n in scr_b.used.items():
+        used[m] = max(used[m], n)
+    return src, Scratch.expr(used)
 
 
 @_staged
