@@ -21,12 +21,14 @@ printed with (2)) gives dq and, per weight, pairs (L, R) with ∂ℓ/∂W_t = L_
 (1) into W_0, S_0, Δ, X, K, γ and b; then `ir.vjp(memory_grad)` carries dΔ and dX back to k, v,
 the bias's gates and W_0. Torch autograd carries dK, dγ, db through the preparation into η, α, θ.
 
-Schedule: one program per (batch, head) holds every weight as one tile (no tiling of the hidden
-width). A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
-each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
-and padded rows change nothing (their outputs are dropped). This fits on-chip for the head
-sizes the interpreter tests and for small heads on a GPU; tiling the hidden width E for D = 128,
-E = 512 memories is future work.
+Schedules (the template's `_mb_schedule`). "tile": one program per (batch, head) holds every weight as one
+register tile (no tiling of the hidden width); for small states only, since its shared memory and registers
+grow with the state. "stream" (triton_minibatch_stream.py): the weights stay in global memory (the W_0
+checkpoints) and every dimension is walked in tiles, so the on-chip footprint depends only on the chunk
+tile BC and the tile width; this is what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the
+same IR graphs. A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch
+glue pads each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C
+works and padded rows change nothing (their outputs are dropped).
 """
 
 from __future__ import annotations
