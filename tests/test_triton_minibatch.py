@@ -223,9 +223,10 @@ def test_streamed_kernels_match_the_recurrence(name, monkeypatch):
 
 
 def test_schedule_choice():
-    """Small states keep the single-tile kernels; big ones (Titans at D = 64 or 128) stream, and backend="auto"
-    sends heads up to D = 128 with E = 4 D to the kernels."""
+    """On the interpreter small states keep the single-tile kernels, big ones (Titans at D = 64 or 128) stream;
+    a GPU always streams; backend="auto" sends heads up to D = 128 with E = 4 D to the kernels."""
     mod = compile_named("titans")
-    assert mod._mb_schedule(8, 8) == "tile"
-    assert mod._mb_schedule(64, 64) == "stream" and mod._mb_schedule(128, 128) == "stream"
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert mod._mb_schedule(8, 8, cpu) == "tile" and mod._mb_schedule(8, 8, gpu) == "stream"
+    assert mod._mb_schedule(64, 64, cpu) == "stream" and mod._mb_schedule(128, 128, cpu) == "stream"
     assert mod._minibatch_fits(128, 128) and not mod._minibatch_fits(256, 256)

@@ -22,13 +22,14 @@ printed with (2)) gives dq and, per weight, pairs (L, R) with ∂ℓ/∂W_t = L_
 the bias's gates and W_0. Torch autograd carries dK, dγ, db through the preparation into η, α, θ.
 
 Schedules (the template's `_mb_schedule`). "tile": one program per (batch, head) holds every weight as one
-register tile (no tiling of the hidden width); for small states only, since its shared memory and registers
-grow with the state. "stream" (triton_minibatch_stream.py): the weights stay in global memory (the W_0
-checkpoints) and every dimension is walked in tiles, so the on-chip footprint depends only on the chunk
-tile BC and the tile width; this is what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the
-same IR graphs. A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch
-glue pads each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C
-works and padded rows change nothing (their outputs are dropped).
+register tile (no tiling of the hidden width); its shared memory and registers grow with the state, so only
+the interpreter uses it (small states); on a GPU it spills even at D = 16. "stream"
+(triton_minibatch_stream.py): the weights stay in global memory (the W_0 checkpoints) and every dimension
+is walked in tiles, so the on-chip footprint depends only on the chunk tile BC and the tile width; this is
+what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the same IR graphs.
+A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
+each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
+and padded rows change nothing (their outputs are dropped).
 """
 
 from __future__ import annotations
