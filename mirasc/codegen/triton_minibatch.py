@@ -21,10 +21,15 @@ printed with (2)) gives dq and, per weight, pairs (L, R) with ∂ℓ/∂W_t = L_
 (1) into W_0, S_0, Δ, X, K, γ and b; then `ir.vjp(memory_grad)` carries dΔ and dX back to k, v,
 the bias's gates and W_0. Torch autograd carries dK, dγ, db through the preparation into η, α, θ.
 
-Schedule: one program per (batch, head) holds every weight as one tile (no tiling of the hidden
-width), chunk length = C (a power of two >= 16: one tl.dot block). This fits on-chip for the head
-sizes the interpreter tests and for small heads on a GPU; tiling the hidden width E for D = 128,
-E = 512 memories is future work.
+Schedules (the template's `_mb_schedule`). "tile": one program per (batch, head) holds every weight as one
+register tile (no tiling of the hidden width); its shared memory and registers grow with the state, so only
+the interpreter uses it (small states); on a GPU it spills even at D = 16. "stream"
+(triton_minibatch_stream.py): the weights stay in global memory (the W_0 checkpoints) and every dimension
+is walked in tiles, so the on-chip footprint depends only on the chunk tile BC and the tile width; this is
+what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the same IR graphs.
+A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
+each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
+and padded rows change nothing (their outputs are dropped).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 from .. import ir
 from .. import spec as S
 from ..derive import Derivation
+from . import triton_minibatch_stream as stream
 from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
@@ -259,6 +265,11 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
     kernels += ("\n    @triton.jit\n    def _minibatch_bwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
                 + "\n".join("        " + ln for ln in body) + "\n")
+    # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
+    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
+    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
+    kernels += "\n" + fwd_src + "\n" + bwd_src
     flags = {"momentum": mom, "has_alpha": spec.retention.kind == "decay"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+    return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
