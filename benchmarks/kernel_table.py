@@ -56,40 +56,39 @@ def main(argv=None):
     t_all = time.perf_counter()
     for name in specs:
         for d, target, algo in [(d, t, al) for d in a.d for t in a.target for al in (a.algorithm or ALGORITHMS)]:
-            if True:
-                t0 = time.perf_counter()
-                try:
-                    rows = kr.report(str(ROOT / "specs" / f"{name}.miras"), target=target, dk=d, dv=d, dtype=a.dtype,
-                                     T=a.length, which="extremes" if a.extremes else "all", algorithms=[algo])
-                except kr.NoKernels as err:  # a module without Triton kernels
-                    if algo == (a.algorithm or ALGORITHMS)[0]:
-                        lines.append(f"| {name} | — | {d} | {target} | 0 | torch only: {str(err)[:90]} | | | | | | |")
-                        print(lines[-1], flush=True)
-                    continue
-                if not rows:  # this algorithm has no Triton kernel for the spec (torch only)
-                    continue
-                refused = [r for r in rows if r.kernel.endswith("refused)")]
-                if refused:  # a kernel the module will not launch at this size: the reason, verbatim
-                    lines.append(f"| {name} | {algo} | {d} | {target} | — | **refused**: {refused[0].error[:160]} "
-                                 "| | | | | | |")
+            t0 = time.perf_counter()
+            try:
+                rows = kr.report(str(ROOT / "specs" / f"{name}.miras"), target=target, dk=d, dv=d, dtype=a.dtype,
+                                 T=a.length, which="extremes" if a.extremes else "all", algorithms=[algo])
+            except kr.NoKernels as err:  # a module without Triton kernels
+                if algo == (a.algorithm or ALGORITHMS)[0]:
+                    lines.append(f"| {name} | — | {d} | {target} | 0 | torch only: {str(err)[:90]} | | | | | | |")
                     print(lines[-1], flush=True)
-                    continue
-                summ = kr.summarize(rows)
-                best = [s["best"] for s in summ if s["best"]]
-                fits = all(s["kept_fit"] > 0 for s in summ)
-                too_big = sum(s["kept_not_fit"] for s in summ)
-                fwd_ok = all(any(r.spill_bytes == 0 and r.ok and r.fits and r.kept is not False
-                                 for r in rows if r.kernel == s["kernel"])
-                             for s in summ if s["direction"] == "fwd")
-                worst = max(summ, key=lambda s: (s["best"] is None, (s["best"] or {}).get("shared_bytes", 0)),
-                            default=None)
-                lines.append(
-                    f"| {name} | {algo} | {d} | {target} | {len(summ)} | {'yes' if fits else '**no**'} | {too_big} | "
-                    f"{max((b['shared_bytes'] for b in best), default=0) / 1024:.1f} | "
-                    f"{max((b['spill_bytes'] for b in best), default=0)} | {'yes' if fwd_ok else '**no**'} | "
-                    f"{max((r.compile_s for r in rows), default=0):.1f} | {worst['kernel'] if worst else ''} |")
-                print(lines[-1], f"({time.perf_counter() - t0:.0f} s)", flush=True)
-                every += [dict(r.__dict__, spec=name, algorithm=algo, d=d, target=target) for r in rows]
+                continue
+            if not rows:  # this algorithm has no Triton kernel for the spec (torch only)
+                continue
+            refused = [r for r in rows if r.kernel.endswith("refused)")]
+            if refused:  # a kernel the module will not launch at this size: the reason, verbatim
+                lines.append(f"| {name} | {algo} | {d} | {target} | — | **refused**: {refused[0].error[:160]} "
+                             "| | | | | | |")
+                print(lines[-1], flush=True)
+                continue
+            summ = kr.summarize(rows)
+            best = [s["best"] for s in summ if s["best"]]
+            fits = all(s["kept_fit"] > 0 for s in summ)
+            too_big = sum(s["kept_not_fit"] for s in summ)
+            fwd_ok = all(any(r.spill_bytes == 0 and r.ok and r.fits and r.kept is not False
+                             for r in rows if r.kernel == s["kernel"])
+                         for s in summ if s["direction"] == "fwd")
+            worst = max(summ, key=lambda s: (s["best"] is None, (s["best"] or {}).get("shared_bytes", 0)),
+                        default=None)
+            lines.append(
+                f"| {name} | {algo} | {d} | {target} | {len(summ)} | {'yes' if fits else '**no**'} | {too_big} | "
+                f"{max((b['shared_bytes'] for b in best), default=0) / 1024:.1f} | "
+                f"{max((b['spill_bytes'] for b in best), default=0)} | {'yes' if fwd_ok else '**no**'} | "
+                f"{max((r.compile_s for r in rows), default=0):.1f} | {worst['kernel'] if worst else ''} |")
+            print(lines[-1], f"({time.perf_counter() - t0:.0f} s)", flush=True)
+            every += [dict(r.__dict__, spec=name, algorithm=algo, d=d, target=target) for r in rows]
     flags = (" --extremes" if a.extremes else "") + (f" --algorithm {' '.join(a.algorithm)}" if a.algorithm else "")
     head = (f"`python benchmarks/kernel_table.py{flags}` — {a.dtype}, T={a.length}, "
             f"Triton {__import__('triton').__version__}, {time.perf_counter() - t_all:.0f} s on this machine\n\n")
