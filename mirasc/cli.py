@@ -190,8 +190,9 @@ def cmd_kernels(args) -> int:
         except kr.NoKernels as err:
             print(f"{spec}: {err} (nothing to compile)")
             continue
-        print(kr.format_rows(rows) if args.all else kr.format_summary(kr.summarize(rows)))
-        for s in kr.summarize(rows):
+        summary = kr.summarize(rows)
+        print(kr.format_rows(rows) if args.all else kr.format_summary(summary))
+        for s in summary:
             if s["kept_fit"] == 0 or s["kept_not_fit"]:
                 print(f"{spec}: {s['kernel']}: {s['kept_fit']} kept configurations fit, {s['kept_not_fit']} kept "
                       f"do not", file=sys.stderr)

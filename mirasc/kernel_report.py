@@ -22,7 +22,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 # Per-block shared memory a kernel may opt into, by target (bytes); the register file is 64K 32-bit
 # registers per SM on all of them (255 per thread at most).
@@ -49,7 +49,6 @@ class Row:
     compile_s: float = 0.0
     error: str = ""
     direction: str = "fwd"
-    extra: dict = field(default_factory=dict)
 
 
 def _bin_dir():

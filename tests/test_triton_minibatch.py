@@ -178,20 +178,22 @@ def test_packed_sequences_in_one_launch(name):
     for state in (None, inputs(mod, len(cu) - 1, 1, 2, 8, Dv, seed=3)[4]):
         leaves = [v] + ([] if state is None else list(state.values()))
         runs = []
-        for backend in ("triton", "torch"):
-            vv = v.detach().requires_grad_(True)
-            st = None if state is None else {n: t.detach().requires_grad_(True) for n, t in state.items()}
-            o, final = mod.apply(q, k, vv, gates, state=st, backend=backend, cu_seqlens=cu)
+        for backend, dt in (("triton", torch.float32), ("torch", torch.float64)):  # the reference in float64
+            vv = v.detach().to(dt).requires_grad_(True)
+            st = None if state is None else {n: t.detach().to(dt).requires_grad_(True) for n, t in state.items()}
+            o, final = mod.apply(q.to(dt), k.to(dt), vv, {n: g.to(dt) for n, g in gates.items()}, state=st,
+                                 backend=backend, cu_seqlens=cu)
             gen = torch.Generator().manual_seed(4)
-            loss = (o * torch.randn(o.shape, generator=gen)).sum()
-            loss = loss + sum((final[n] * torch.randn(final[n].shape, generator=gen)).sum() for n in sorted(final))
+            loss = (o * torch.randn(o.shape, generator=gen).to(dt)).sum()
+            loss = loss + sum((final[n] * torch.randn(final[n].shape, generator=gen).to(dt)).sum()
+                              for n in sorted(final))
             ins = [vv] + ([] if st is None else list(st.values()))
             runs.append((o, [final[n] for n in sorted(final)], torch.autograd.grad(loss, ins)))
         (o, fin, grads), (ref, ref_fin, ref_grads) = runs
         assert len(grads) == len(leaves)
-        # float32 on both sides; Titans-like momentum + LayerNorm over 14 chunks amplifies rounding: vs float64
-        # the kernels' S is off by 3.5e-5, torch float32's by 1.0e-5
-        tol = 6e-5 if name == "any_c3" else 1e-5
+        # float32 kernels vs the float64 torch path: Titans-like momentum + LayerNorm over 14 chunks (any_c3)
+        # puts S at 3.5e-5; 5e-5 is the mini-batch kernels' tolerance at T <= 70 (benchmarks/RESULTS.md)
+        tol = 5e-5
         assert rel(o, ref) < tol
         for a, b in zip(fin + list(grads), ref_fin + list(ref_grads)):
             assert rel(a, b) < tol

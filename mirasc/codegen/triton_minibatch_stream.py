@@ -611,27 +611,27 @@ def _chunk_end_bwd(em, i, wd, fac, ddl, dx, dw, dwn, w0, ds, dsn, s0):
     dl, x = fac
     rows, cols = wd
     em(f"# the chunk end's reverse, weight {i}")
-    with em.loop(rows, "j"):
-        em(f"acc = tl.zeros([BC, {TILE[rows]}], tl.float32)")
+
+    def accumulate(outer, inner, tmp, fac_tile, weight):
+        """acc (and acc_s) = Σ over the inner tiles of fac_tile · weight(dW) (and weight(dS))."""
+        em(f"acc = tl.zeros([BC, {TILE[outer]}], tl.float32)")
         if ds:
-            em(f"acc_s = tl.zeros([BC, {TILE[rows]}], tl.float32)")
-        with em.loop(cols, "i"):
-            em(f"_x = {ld(x, 'i')}", f"acc += {_dot('_x', 'tl.trans(' + wload(dw, wd, 'j', 'i') + ')')}")
+            em(f"acc_s = tl.zeros([BC, {TILE[outer]}], tl.float32)")
+        with em.loop(inner, "i" if inner == cols else "j"):
+            em(f"{tmp} = {fac_tile}", f"acc += {_dot(tmp, weight(dw))}")
             if ds:
-                em(f"acc_s += {_dot('_x', 'tl.trans(' + wload(ds, wd, 'j', 'i') + ')')}")
+                em(f"acc_s += {_dot(tmp, weight(ds))}")
+
+    scaled = "kl[:, None] * acc" + (" + kml[:, None] * acc_s" if ds else "")
+    with em.loop(rows, "j"):  # dΔ = kl ∘ (X dWᵀ) (+ kml ∘ (X dSᵀ)), and dk_n
+        accumulate(rows, cols, "_x", ld(x, "i"), lambda m: "tl.trans(" + wload(m, wd, "j", "i") + ")")
         em(f"_d = {ld(dl, 'j')}", "dkl += tl.sum(_d * acc, axis=1)")
         if ds:
             em("dkml += tl.sum(_d * acc_s, axis=1)")
-        em(st(ddl, "j", "kl[:, None] * acc" + (" + kml[:, None] * acc_s" if ds else "")))
-    with em.loop(cols, "i"):
-        em(f"acc = tl.zeros([BC, {TILE[cols]}], tl.float32)")
-        if ds:
-            em(f"acc_s = tl.zeros([BC, {TILE[cols]}], tl.float32)")
-        with em.loop(rows, "j"):
-            em(f"_d = {ld(dl, 'j')}", f"acc += {_dot('_d', wload(dw, wd, 'j', 'i'))}")
-            if ds:
-                em(f"acc_s += {_dot('_d', wload(ds, wd, 'j', 'i'))}")
-        em(st(dx, "i", "kl[:, None] * acc" + (" + kml[:, None] * acc_s" if ds else "")))
+        em(st(ddl, "j", scaled))
+    with em.loop(cols, "i"):  # dX = kl ∘ (Δ dW) (+ kml ∘ (Δ dS))
+        accumulate(cols, rows, "_d", ld(dl, "j"), lambda m: wload(m, wd, "j", "i"))
+        em(st(dx, "i", scaled))
 
     def tile():
         em(f"_dw = {wload(dw, wd, 'j', 'i')}",
