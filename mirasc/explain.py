@@ -125,8 +125,15 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append("chain rule: ∇_{W_i} ℓ = δ_i h_{i−1}ᵀ, δ_L = LayerNorm'ᵀ ∂ℓ/∂y, "
                    "δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
     at = "W_{t−1}"
+    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
     if par.kind == "minibatch":
         at = f"the anchor state (end of the previous chunk of {par.C})"
+    if chunk_readout and r.kind == "lq":
+        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: n_c = ‖A_{{s−1}}‖_q^(q−2) once per chunk")
+        at = "the anchor W_{s−1} = A_{s−1} / n_c"
+    elif chunk_readout and r.kind == "kl":
+        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: the first token s takes the softmax step")
+        at = "W_{s−1} for t = s (the state the previous chunk left), at W_s for t = s+1..e"
     if r.kind == "decay" and r.order == "pre":
         out.append(f"pre-decay:  W'_{{t−1}} = {_sym(r.alpha, 'α')}·W_{{t−1}}")
         at = "W'_{t−1}"
@@ -143,6 +150,13 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
             out.append("retention:  W_t = W'_{t−1} + U_t")
         else:
             out.append(f"retention:  W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t")
+    elif r.kind == "lq" and chunk_readout:
+        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / n_c  (the chunk's frozen "
+                   f"normaliser), q = {S.format_value(r.q)}")
+    elif r.kind == "kl" and chunk_readout:
+        out.append(f"retention:  t = s: W_s = c·softmax({_sym(r.alpha, 'α').replace('_t', '_s')}·log max(W_{{s−1}}, 1e-12) + U_s), "
+                   f"c = {S.format_value(r.c)}  (rows)")
+        out.append(f"            t = s+1..e: W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t  (weight space)")
     elif r.kind == "lq":
         out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
                    f"q = {S.format_value(r.q)}")
@@ -156,6 +170,12 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
     out.append("read:       o_t = M_{W_t}(q_t)")
+    if chunk_readout and r.kind == "lq":
+        out.append("state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "
+                   "is not read: each chunk re-normalises from A")
+    elif chunk_readout and r.kind == "kl":
+        out.append("state:      final W = W_T in weight space (it may leave the simplex); the next chunk's first token "
+                   "reads log max(W, 1e-12)")
     return out
 
 

@@ -154,6 +154,9 @@ class Exact(Form):
 class Minibatch(Form):
     kind: Literal["minibatch"] = "minibatch"
     C: Annotated[int, Field(ge=1, le=4096)]
+    # "token": every token reads through the retention's map (§3); "chunk": the map is applied at chunk
+    # boundaries only, the published parallel form of Moneta (lq) and Memora (kl) (CONTRACT §7)
+    readout: Literal["token", "chunk"] = "token"
 
 
 # The vocabulary as data: field -> form name -> model class. Positional arguments bind to the
@@ -259,8 +262,10 @@ class Spec(BaseModel):
 
 
 def form_text(form: Form) -> str:
-    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`."""
-    args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None]
+    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the one exception is
+    `minibatch`'s `readout=token`, its default (§3), left out so that every mini-batch spec reads as before."""
+    args = [f"{p}={format_value(v)}" for p, v in form
+            if p != "kind" and v is not None and not (p == "readout" and v == "token")]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -375,5 +380,10 @@ def check_combination(spec: Spec) -> None:
         raise Rejection("retention", "`order=pre` decays the state before taking the gradient there, but under "
                         "`minibatch(C)` the gradient is taken at the chunk's anchor state; use `order=post`",
                         param="order")
+    if par.kind == "minibatch" and par.readout == "chunk" and r.kind not in ("lq", "kl"):
+        raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
+                        f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer "
+                        f"({'its weights are already linear in the updates' if r.kind in ('none', 'decay') else 'no chunk form is defined for it'}): "
+                        "use `readout=token` (the default), or retention lq or kl", param="readout")
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")

@@ -12,7 +12,8 @@ Config format (one hand-written dict per spec file in ``specs/``)::
          retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
                         | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
          learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr)),
-         parallel=None | C)
+         parallel=None | C,
+         readout="token" | "chunk")   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
 
 A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
 for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber) or a number.
@@ -102,8 +103,24 @@ REF_CONFIGS: dict[str, dict] = {
         retention=dict(kind="kl", c=1.0, alpha="gate"),
         learner=dict(kind="gd", lr="gate"),
         parallel=64,
+        readout="chunk",
+    ),
+    "memora_token": dict(
+        memory=_MLP,
+        bias=dict(kind="l2"),
+        retention=dict(kind="kl", c=1.0, alpha="gate"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
     ),
     "moneta": dict(
+        memory=_MLP,
+        bias=dict(kind="lp", p=3.0, eps=1e-6),
+        retention=dict(kind="lq", q=4.0, alpha="gate"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+        readout="chunk",
+    ),
+    "moneta_token": dict(
         memory=_MLP,
         bias=dict(kind="lp", p=3.0, eps=1e-6),
         retention=dict(kind="lq", q=4.0, alpha="gate"),
@@ -328,6 +345,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         if ret["kind"] not in ("none", "decay") or (ret["kind"] == "decay" and order != "pre"):
             raise NotImplementedError("implicit: only retention none or decay(order=pre)")
 
+    chunk_readout = cfg.get("readout", "token") == "chunk"
+    if chunk_readout and (C is None or ret["kind"] not in ("lq", "kl")):
+        raise ValueError("readout=chunk is defined for lq and kl retention under minibatch(C)")
     T = q.shape[1]
     W = {n: state[n] for n in names}
     A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
@@ -355,7 +375,13 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             outs.append(memory_forward(mem, W, qt))
             continue
 
-        if C is not None and t % C == 0:
+        first = C is not None and t % C == 0  # the first token s of a chunk
+        if first and chunk_readout and ret["kind"] == "lq":
+            # CONTRACT §7: W_{s-1} := A_{s-1} / n_c, n_c = ||A_{s-1}||_q^{q-2}, frozen for the chunk
+            qq = float(ret["q"])
+            n_c = {n: ((A[n].abs() ** qq).sum((-2, -1), keepdim=True) ** (1.0 / qq)) ** (qq - 2.0) for n in names}
+            W = {n: A[n] / n_c[n] for n in names}
+        if first:
             anchor = W  # state at the end of the previous chunk
         g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph)
 
@@ -368,7 +394,18 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             raise ValueError(f"unknown learner {lrn['kind']!r}")
 
         kind = ret["kind"]
-        if kind == "none" or (kind == "decay" and order == "pre"):
+        if chunk_readout and kind == "lq":
+            A = {n: alpha * A[n] + U[n] for n in names}
+            W = {n: A[n] / n_c[n] for n in names}
+        elif chunk_readout and kind == "kl":
+            c = float(ret.get("c", 1.0))
+            if first:  # the lag token: full step from log max(W, 1e-12), gradient at W_{s-1}
+                W = {n: c * torch.softmax(alpha * torch.log(torch.clamp_min(W[n], 1e-12)) + U[n], dim=-1)
+                     for n in names}
+                anchor = W  # later tokens of the chunk take their gradient at W_s
+            else:  # plain decay step in weight space
+                W = {n: alpha * W[n] + U[n] for n in names}
+        elif kind == "none" or (kind == "decay" and order == "pre"):
             W = {n: W[n] + U[n] for n in names}
         elif kind == "decay":
             W = {n: alpha * W[n] + U[n] for n in names}

@@ -184,8 +184,16 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
+    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # CONTRACT §7 (lq or kl)
     flags = {
         "minibatch": par.kind == "minibatch",
+        "chunk_readout": chunk_readout,
+        "chunk_lq": chunk_readout and r.kind == "lq",
+        "chunk_kl": chunk_readout and r.kind == "kl",
+        "token_readout": r.kind in ("lq", "kl", "elastic", "bregman") and not chunk_readout,
+        "kl_log": r.kind == "kl" and not chunk_readout,
+        "carry_Y": r.kind in ("lq", "kl", "elastic", "bregman") and not (chunk_readout and r.kind == "kl"),
+        "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
         "implicit": l.kind == "implicit",

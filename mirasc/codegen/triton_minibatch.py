@@ -51,6 +51,8 @@ def minibatch_reason(spec: S.Spec) -> str | None:
     r, l = spec.retention, spec.learner
     if spec.parallel.kind != "minibatch":
         return "the spec is not parallel=minibatch(C)"
+    if spec.parallel.readout == "chunk":
+        return f"readout=chunk (CONTRACT §7) with {r.kind} retention has no mini-batch kernel yet"
     if r.kind not in ("none", "decay"):
         return (f"{r.kind} retention reads the memory through a nonlinear map of its accumulator, so the "
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
