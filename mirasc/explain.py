@@ -129,10 +129,12 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     if par.kind == "minibatch":
         at = f"the anchor state (end of the previous chunk of {par.C})"
     if chunk_readout and r.kind == "lq":
-        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: n_c = ‖A_{{s−1}}‖_q^(q−2) once per chunk")
+        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: n_c = ‖A_{{s−1}}‖_q^(q−2) "
+                   "once per chunk")
         at = "the anchor W_{s−1} = A_{s−1} / n_c"
     elif chunk_readout and r.kind == "kl":
-        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: the first token s takes the softmax step")
+        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: the first token s takes the "
+                   "softmax step")
         at = "W_{s−1} for t = s (the state the previous chunk left), at W_s for t = s+1..e"
     if r.kind == "decay" and r.order == "pre":
         out.append(f"pre-decay:  W'_{{t−1}} = {_sym(r.alpha, 'α')}·W_{{t−1}}")
@@ -154,7 +156,8 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / n_c  (the chunk's frozen "
                    f"normaliser), q = {S.format_value(r.q)}")
     elif r.kind == "kl" and chunk_readout:
-        out.append(f"retention:  t = s: W_s = c·softmax({_sym(r.alpha, 'α').replace('_t', '_s')}·log max(W_{{s−1}}, 1e-12) + U_s), "
+        alpha_s = _sym(r.alpha, "α").replace("_t", "_s")
+        out.append(f"retention:  t = s: W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), "
                    f"c = {S.format_value(r.c)}  (rows)")
         out.append(f"            t = s+1..e: W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t  (weight space)")
     elif r.kind == "lq":

@@ -381,9 +381,10 @@ def check_combination(spec: Spec) -> None:
                         "`minibatch(C)` the gradient is taken at the chunk's anchor state; use `order=post`",
                         param="order")
     if par.kind == "minibatch" and par.readout == "chunk" and r.kind not in ("lq", "kl"):
+        why = ("its weights are already linear in the updates" if r.kind in ("none", "decay")
+               else "no chunk form is defined for it")
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
-                        f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer "
-                        f"({'its weights are already linear in the updates' if r.kind in ('none', 'decay') else 'no chunk form is defined for it'}): "
+                        f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
