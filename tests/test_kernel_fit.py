@@ -89,7 +89,8 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
 def test_a_memory_too_large_for_one_program_is_refused(tmp_path):
     """Moneta (MLP memory, whole-matrix lq norm) keeps a (batch, head)'s whole state in one program: at
     D = 128 that cannot fit, so the module refuses the size with the limit named and `kernels` exits 3."""
-    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / "moneta.miras"), "--dk", "128", "--algorithm", "recurrent")
+    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / "moneta_token.miras"), "--dk", "128",
+                          "--algorithm", "recurrent")
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert [r["kernel"] for r in rows] == ["(recurrent fwd: refused)"]
     assert "registers" in rows[0]["error"] and "128" in rows[0]["error"]

@@ -278,7 +278,7 @@ def test_entropic_mirror_by_hand():
 
 def test_kl_rows_sum_to_c_and_stay_positive():
     c = 2.5
-    cfg = dict(REF_CONFIGS["memora"], retention=dict(kind="kl", c=c, alpha="gate"), parallel=4)
+    cfg = dict(REF_CONFIGS["memora_token"], retention=dict(kind="kl", c=c, alpha="gate"), parallel=4)
     q, k, v, g, st = setup(cfg, T=9, Dk=4, Dv=4)
     for key in st:
         torch.testing.assert_close(st[key].sum(-1), torch.full(st[key].shape[:-1], c, dtype=f64))

@@ -13,8 +13,10 @@ import torch
 import mirasc
 
 triton = pytest.importorskip("triton")
-SPECS = sorted(p for p in (Path(__file__).resolve().parents[1] / "specs").glob("*.miras")
-               if mirasc.parse_file(p).parametric)
+ALL_SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
+# Chunk readouts (CONTRACT §7: moneta, memora) have no Triton kernel yet; test_chunk_readout_triton_is_refused.
+CHUNK_READOUT = sorted(p.stem for p in ALL_SPECS if getattr(mirasc.parse_file(p).parallel, "readout", "") == "chunk")
+SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT]
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
 
 
@@ -69,9 +71,23 @@ def test_triton_recurrent_fp16_inputs(name):
     assert rel(o, ref) < 2e-3
 
 
+def test_chunk_readout_triton_is_refused():
+    """readout=chunk (CONTRACT §7) has no Triton kernel: backend="triton" is a clear error naming what is missing,
+    never the per-token kernel's (different) function; backend="auto" runs torch."""
+    assert CHUNK_READOUT == ["memora", "moneta"]
+    for name in CHUNK_READOUT:
+        mod = mirasc.compile_spec(ALL_SPECS[0].parent / f"{name}.miras")
+        q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
+        for algorithm in ("recurrent", "chunked", "auto"):
+            with pytest.raises(RuntimeError, match="readout=chunk .* has no Triton kernel"):
+                mod.apply(q, k, v, gates, state=state, backend="triton", algorithm=algorithm)
+        o, _ = mod.apply(q, k, v, gates, state=state)
+        assert torch.isfinite(o).all()
+
+
 def test_triton_chunked_is_refused_plainly():
     """lq retention has no chunked Triton kernel: asking for one is an error, not a silent fallback."""
-    mod = mirasc.compile_spec(SPECS[0].parent / "moneta.miras")
+    mod = mirasc.compile_spec(SPECS[0].parent / "moneta_token.miras")
     q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
     with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
         mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")
@@ -111,7 +127,7 @@ def assert_compiled_matches_eager(run, q, k, v, gates, state):
 # skeleton) exists for every parametric spec. The multi-segment test runs the linear memories and the MLP
 # memories that cover each remaining piece (momentum + LN: titans; lq: moneta; kl: memora).
 SEGMENT_SPECS = ["custom_cauchy", "deltanet", "gated_deltanet", "hyperbolic_mirror", "linear_attention", "longhorn",
-                 "mamba2", "memora", "moneta", "retnet", "sparse_lp", "titans", "ttt_linear"]
+                 "mamba2", "memora_token", "moneta_token", "retnet", "sparse_lp", "titans", "ttt_linear"]
 
 
 def test_every_parametric_spec_has_the_generated_backward():
@@ -180,7 +196,7 @@ V_TILED = ["custom_cauchy", "deltanet", "gated_deltanet", "hyperbolic_mirror", "
 def test_v_tiles_cover_the_row_separable_specs():
     tiled = sorted(p.stem for p in SPECS if mirasc.compile_spec(p)._V_TILES)
     assert tiled == V_TILED
-    for name, why in [("moneta", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
+    for name, why in [("moneta_token", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
         mod = _module(name)
         assert not mod._V_TILES and why in mod._V_TILE_REASON
         assert mod._tile_config(8, 24, 32, mod._TILES_FWD, False)[2] == 1  # one program holds every row
@@ -218,7 +234,7 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
             assert n_v == -(-D // bv) >= 2
             bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_BWD, True)
             assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)
-    mod = _module("moneta")
+    mod = _module("moneta_token")
     monkeypatch.setattr(mod, "_interpreted", lambda: False)
     mod._check_fits(8, 8, 32, mod._TILES_FWD, False)
     with pytest.raises(RuntimeError, match="registers"):
@@ -229,7 +245,7 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
 
 def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
     """backend="triton" at a size the coupled kernel cannot hold raises before any launch, naming the limit."""
-    mod = _module("memora")
+    mod = _module("memora_token")
     monkeypatch.setattr(mod, "_interpreted", lambda: False)
     q, k, v, gates, state = inputs(mod, 1, 2, 1, 64, 64)
     with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\) in one program"):

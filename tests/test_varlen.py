@@ -19,7 +19,8 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("name,algorithm", [("gated_deltanet", "chunked"), ("titans", "chunked"),
-                                            ("moneta", "recurrent"), ("custom_cauchy", "auto")])
+                                            ("moneta", "recurrent"), ("memora", "chunked"),
+                                            ("custom_cauchy", "auto")])
 def test_packed_equals_separate(name, algorithm):
     mod = mirasc.compile_spec(SPECS / f"{name}.miras")
     g = torch.Generator().manual_seed(0)

@@ -28,7 +28,11 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
         # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform
         # attention. Softmax-type memories keep raw q, k unless the spec asks otherwise.
         defaults["qk_norm"] = "none"
-    return LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+    par = spec.parallel
+    lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
+    unread = spec.weights if lq_chunk else ()
+    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+            .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
