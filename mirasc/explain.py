@@ -157,9 +157,9 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
                    f"normaliser), q = {S.format_value(r.q)}")
     elif r.kind == "kl" and chunk_readout:
         alpha_s = _sym(r.alpha, "α").replace("_t", "_s")
-        out.append(f"retention:  t = s: W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), "
-                   f"c = {S.format_value(r.c)}  (rows)")
-        out.append(f"            t = s+1..e: W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t  (weight space)")
+        out.append(f"retention:  W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), c = {S.format_value(r.c)}"
+                   "  (rows; the chunk's first token s)")
+        out.append(f"later:      W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t  for t = s+1..e (weight space)")
     elif r.kind == "lq":
         out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
                    f"q = {S.format_value(r.q)}")
