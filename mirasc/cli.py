@@ -22,7 +22,8 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
       bias      = lp(p=3)                 # the attentional bias: the inner loss in e = M(k) - v
       retention = lq(q=4, alpha=gate)     # how the memory keeps the past
       learner   = gd(lr=gate)             # how the memory is updated per token
-      parallel  = minibatch(64)           # exact, or gradients per chunk at the chunk's anchor state
+      parallel  = minibatch(64, readout=chunk)  # exact, or gradients per chunk at the chunk's anchor state;
+                                                # readout=chunk: lq/kl maps at chunk boundaries only
   }
 
   memory    linear | mlp(depth, expansion, act=gelu|silu|relu|tanh|identity, residual, norm=layernorm|none)
@@ -31,7 +32,7 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
   retention none | decay(alpha=gate, order=post|pre) | lq(q, alpha=gate) | kl(c=1, alpha=gate)
             | elastic(lam, alpha=gate) | bregman(phi=EXPR in w)
   learner   gd(lr=gate) | momentum(lr=gate, theta=gate) | implicit(lr=gate) | nonparametric
-  parallel  exact | minibatch(C)
+  parallel  exact | minibatch(C, readout=token|chunk)
 
 A coefficient written `gate` is a per-token input of the compiled op ([B, T, H]) named by its role:
 eta (lr), alpha (retention), theta (momentum), delta (Huber); a number makes it a constant.

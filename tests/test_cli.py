@@ -35,7 +35,8 @@ def test_help_shows_language_guide_and_example(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for fragment in ("compile", "check", "explain", "demo",          # the commands
-                     "model moneta {", "memory    = mlp(depth=2", "parallel  = minibatch(64)",  # an example
+                     "model moneta {", "memory    = mlp(depth=2",  # an example
+                     "parallel  = minibatch(64, readout=chunk)",
                      "bias      dot | l2 | lp(p, eps=1e-6)", "retention none | decay(", "learner   gd(lr=gate)",
                      "custom(loss=EXPR in e)", "bregman(phi=EXPR in w)", "`gate`"):
         assert fragment in out, fragment
