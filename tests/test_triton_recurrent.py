@@ -14,7 +14,7 @@ import mirasc
 
 triton = pytest.importorskip("triton")
 ALL_SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
-# Chunk readouts (CONTRACT §7: moneta, memora) have no Triton kernel yet; test_chunk_readout_triton_is_refused.
+# Chunk readouts (CONTRACT §7: moneta, memora) have no fused recurrent kernel (see the test below).
 CHUNK_READOUT = sorted(p.stem for p in ALL_SPECS if getattr(mirasc.parse_file(p).parallel, "readout", "") == "chunk")
 SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT]
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
@@ -71,16 +71,16 @@ def test_triton_recurrent_fp16_inputs(name):
     assert rel(o, ref) < 2e-3
 
 
-def test_chunk_readout_triton_is_refused():
-    """readout=chunk (CONTRACT §7) has no Triton kernel: backend="triton" is a clear error naming what is missing,
-    never the per-token kernel's (different) function; backend="auto" runs torch."""
+def test_chunk_readout_has_no_fused_recurrent_kernel():
+    """readout=chunk (CONTRACT §7) has no fused recurrent kernel: backend="triton" with algorithm="recurrent" is a
+    clear error naming readout=chunk, never the per-token kernel's (different) function; backend="auto" runs
+    torch on the CPU. (Memora's chunked Triton path: tests/test_triton_chunk_readout.py.)"""
     assert CHUNK_READOUT == ["memora", "moneta"]
     for name in CHUNK_READOUT:
         mod = mirasc.compile_spec(ALL_SPECS[0].parent / f"{name}.miras")
         q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
-        for algorithm in ("recurrent", "chunked", "auto"):
-            with pytest.raises(RuntimeError, match="readout=chunk .* has no Triton kernel"):
-                mod.apply(q, k, v, gates, state=state, backend="triton", algorithm=algorithm)
+        with pytest.raises(RuntimeError, match="readout=chunk"):
+            mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
         o, _ = mod.apply(q, k, v, gates, state=state)
         assert torch.isfinite(o).all()
 

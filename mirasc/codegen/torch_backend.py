@@ -234,20 +234,32 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "ORDER": r.order if r.kind == "decay" else "none",
     }
     coef_order = sorted(set(spec.gates) | set(constants))
+    # readout=chunk with kl: after each chunk's lag token the chunk is the decay form's dual form anchored at W_s,
+    # so the Triton section is that of the decay form ("rest"), launched per chunk by _chunk_readout_triton
+    tri_spec = spec
+    if flags["chunk_kl"]:
+        tri_spec = spec.model_copy(update={"name": f"{spec.name}_chunk_rest", "retention": S.Decay(alpha=r.alpha),
+                                           "parallel": S.Minibatch(C=par.C)})
     try:
-        triton_section, no_triton = triton_backend.emit(spec, d, forward, grad, coef_order), ""
+        triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, grad, coef_order), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)
+    family = triton_backend.chunk_family(tri_spec, kind) if triton_section else None
+    minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
+    if flags["chunk_kl"] and triton_section and family is None and not minibatch:
+        triton_section, no_triton = "", ("readout=chunk (CONTRACT §7) with kl retention runs on the decay form's "
+                                         "chunk kernels, and there are none for this memory and learner")
     flags["triton"] = bool(triton_section)
-    family = triton_backend.chunk_family(spec, kind) if triton_section else None
     flags["triton_chunked"] = family is not None
     if family is not None:
-        triton_section += triton_backend.emit_chunked(spec, family, preprocess)
-    minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(spec) is None
+        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess)
     flags["triton_minibatch"] = minibatch
-    flags["triton_packed"] = flags["triton_chunked"] or minibatch  # cu_seqlens in one launch (padded rows)
+    flags["chunk_kl_triton"] = flags["chunk_kl"] and bool(triton_section)
+    # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
+    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout
+    subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
     if minibatch:
-        triton_section += triton_minibatch.emit_minibatch(spec, d, forward, grad, coef_order, preprocess)
+        triton_section += triton_minibatch.emit_minibatch(tri_spec, d, forward, grad, coef_order, preprocess)
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
@@ -261,6 +273,11 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
                        "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
                                                    if family else "")
                        + ("; mini-batch dual-form kernels, forward and backward" if minibatch else "") + ".")
+        if flags["chunk_kl_triton"]:
+            triton_line = ("Triton (backend='triton', algorithm='chunked' or 'auto'): readout=chunk runs each chunk's "
+                           "lag token in torch and the rest of the chunk on the dual-form kernels of its decay form "
+                           f"({'chunked ' + family + ' family' if family else 'mini-batch'} kernels, forward and "
+                           "backward), one launch per chunk; no fused recurrent kernel.")
     return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
 
 
