@@ -201,8 +201,8 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
                 msg = str(err).splitlines()[0] if str(err) else type(err).__name__
                 if msg.startswith("no Triton kernel"):
                     raise NoKernels(msg) from None
-                if msg.startswith("no chunked Triton kernel"):  # this algorithm runs on torch: nothing to compile
-                    continue
+                if msg.startswith(("no chunked Triton kernel", "no fused recurrent Triton kernel")):
+                    continue  # this algorithm runs on torch: nothing to compile
                 row = Row(kernel=f"({algorithm} {direction[0]}: refused)", config={}, error=msg,
                           direction=direction[0])
                 rows.append(row)

@@ -379,7 +379,10 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         if first and chunk_readout and ret["kind"] == "lq":
             # CONTRACT §7: W_{s-1} := A_{s-1} / n_c, n_c = ||A_{s-1}||_q^{q-2}, frozen for the chunk
             qq = float(ret["q"])
-            n_c = {n: ((A[n].abs() ** qq).sum((-2, -1), keepdim=True) ** (1.0 / qq)) ** (qq - 2.0) for n in names}
+            total = {n: (A[n].abs() ** qq).sum((-2, -1), keepdim=True) for n in names}
+            # an all-zero accumulator (e.g. a linear memory's empty start) leaves n_c undefined: taken as 1
+            safe = {n: torch.where(x > 0, x, torch.ones_like(x)) for n, x in total.items()}
+            n_c = {n: torch.where(total[n] > 0, (safe[n] ** (1.0 / qq)) ** (qq - 2.0), safe[n]) for n in names}
             W = {n: A[n] / n_c[n] for n in names}
         if first:
             anchor = W  # state at the end of the previous chunk

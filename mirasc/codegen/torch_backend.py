@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import sympy as sp
+
 from .. import derive as D
 from .. import ir
 from .. import spec as S
@@ -82,6 +84,27 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
     return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
                   f"{r.kind} retention) reads the state the previous token left, and no exact chunked form is "
                   "derived for that combination; parallel=minibatch(C) has one")
+
+
+def _scaled_factors(grad: ir.Graph) -> ir.Graph:
+    """The gradient-factor graph with each δ_i multiplied by a per-token coefficient `lqs<i-1>` (lq under
+    readout=chunk on the Triton kernels: the chunk's updates of weight i in weight space are scaled by 1/n_i)."""
+    out = ir.Graph(grad.title)
+    out.g = grad.g.copy()
+    out.counter = grad.counter
+    s, g = sp.Symbol("s", real=True), sp.Symbol("g", real=True)
+    for o in grad.outputs():
+        name = grad.node(o).arg
+        if not name.startswith("delta"):
+            continue
+        i = int(name[len("delta"):]) - 1
+        src = grad.srcs(o)[0]
+        coef = out.add("input", arg=f"lqs{i}", name=f"lqs{i}")
+        scaled = out.ew(s * g, {s: coef, g: src}, name=f"scaled_delta{i + 1}")
+        out.g.remove_edge(src, o)
+        out.g.add_edge(scaled, o)
+        out.g.nodes[o]["srcs"] = (scaled,)
+    return ir.run_pipeline(out)
 
 
 def _print_graph(gr: ir.Graph, fn: str) -> str:
@@ -234,32 +257,37 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "ORDER": r.order if r.kind == "decay" else "none",
     }
     coef_order = sorted(set(spec.gates) | set(constants))
-    # readout=chunk with kl: after each chunk's lag token the chunk is the decay form's dual form anchored at W_s,
-    # so the Triton section is that of the decay form ("rest"), launched per chunk by _chunk_readout_triton
-    tri_spec = spec
-    if flags["chunk_kl"]:
+    # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
+    # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
+    # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.
+    tri_spec, tri_grad, tri_coefs = spec, grad, coef_order
+    if chunk_readout:
         tri_spec = spec.model_copy(update={"name": f"{spec.name}_chunk_rest", "retention": S.Decay(alpha=r.alpha),
                                            "parallel": S.Minibatch(C=par.C)})
+    if flags["chunk_lq"]:
+        tri_grad = _scaled_factors(grad)
+        tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
-        triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, grad, coef_order), ""
+        triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, tri_grad, tri_coefs), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)
-    family = triton_backend.chunk_family(tri_spec, kind) if triton_section else None
+    # (lq: the per-weight scale is in the IR graphs, which only the mini-batch kernels print)
+    family = triton_backend.chunk_family(tri_spec, kind) if triton_section and not flags["chunk_lq"] else None
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
-    if flags["chunk_kl"] and triton_section and family is None and not minibatch:
-        triton_section, no_triton = "", ("readout=chunk (CONTRACT §7) with kl retention runs on the decay form's "
-                                         "chunk kernels, and there are none for this memory and learner")
+    if chunk_readout and triton_section and family is None and not minibatch:
+        triton_section, no_triton = "", (f"readout=chunk (CONTRACT §7) with {r.kind} retention runs on the decay "
+                                         "form's chunk kernels, and there are none for this memory and learner")
     flags["triton"] = bool(triton_section)
     flags["triton_chunked"] = family is not None
     if family is not None:
         triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess)
     flags["triton_minibatch"] = minibatch
-    flags["chunk_kl_triton"] = flags["chunk_kl"] and bool(triton_section)
+    flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout
     subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
     if minibatch:
-        triton_section += triton_minibatch.emit_minibatch(tri_spec, d, forward, grad, coef_order, preprocess)
+        triton_section += triton_minibatch.emit_minibatch(tri_spec, d, forward, tri_grad, tri_coefs, preprocess)
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
@@ -273,11 +301,13 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
                        "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
                                                    if family else "")
                        + ("; mini-batch dual-form kernels, forward and backward" if minibatch else "") + ".")
-        if flags["chunk_kl_triton"]:
-            triton_line = ("Triton (backend='triton', algorithm='chunked' or 'auto'): readout=chunk runs each chunk's "
-                           "lag token in torch and the rest of the chunk on the dual-form kernels of its decay form "
-                           f"({'chunked ' + family + ' family' if family else 'mini-batch'} kernels, forward and "
-                           "backward), one launch per chunk; no fused recurrent kernel.")
+        if flags["chunk_readout_triton"]:
+            how = ("each chunk's lag token in torch and the rest of the chunk" if r.kind == "kl" else
+                   "each chunk, anchored at A_{s-1}/n_c with weight i's updates scaled by 1/n_i,")
+            kernels = f"chunked {family} family" if family else "mini-batch"
+            triton_line = (f"Triton (backend='triton', algorithm='chunked' or 'auto'): readout=chunk runs {how} on the "
+                           f"dual-form kernels of its decay form ({kernels} kernels, forward and backward), one launch "
+                           "per chunk; no fused recurrent kernel.")
     return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
 
 
