@@ -129,6 +129,20 @@ def test_edge_lengths(name, t):
         check(got, want, 1e-9, f"{name} {algorithm} T={t}")
 
 
+def test_lq_chunk_from_an_empty_accumulator():
+    """A linear memory starts from A = 0, where n_c = ‖A‖_q^(q-2) is undefined: the chunk takes n_c = 1 and reads
+    its raw accumulator (docs/semantics.md); torch paths and reference agree, gradients included, and stay finite."""
+    mod = module("lq_momentum")
+    q, k, v, gates, state = case("lq_momentum")
+    state = {n: torch.zeros_like(x) for n, x in state.items()}
+    want = run(lambda q, k, v, g, s: reference_apply(CASES["lq_momentum"][1], q, k, v, g, s), q, k, v, gates, state)
+    assert all(torch.isfinite(x).all() for x in [want[0], *want[1].values(), *want[2].values()])
+    for algorithm in ("recurrent", "chunked"):
+        got = run(lambda q, k, v, g, s, a=algorithm: mod.apply(q, k, v, g, state=s, algorithm=a), q, k, v, gates,
+                  state)
+        check(got, want, 1e-9, f"lq from A = 0, {algorithm}")
+
+
 def test_the_readouts_differ_from_per_token_readouts():
     """readout=chunk is its own function: Moneta's and Memora's per-token forms give other outputs."""
     for name in ("moneta", "memora"):
