@@ -66,9 +66,20 @@ def _flag(arg: str, flags: dict[str, bool]) -> bool:
     return flags[arg]
 
 
+def _channel_decay_side(spec: S.Spec) -> str | None:
+    """The weight side ("k" or "v") that channel-wise α/θ scale, or None (all per head)."""
+    sides = {side for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta")}
+    return sides.pop() if len(sides) == 1 else None
+
+
 def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
     """Which chunked algorithm computes this spec exactly, or None with the reason."""
     m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
+    channels = spec.gate_channels()
+    if {channels.get("alpha"), channels.get("theta")} == {"k", "v"}:
+        return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
+                      "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
+                      "side or use algorithm='recurrent'")
     if par.kind == "minibatch":
         return "minibatch", ""
     if ir.state_independent_gradient(grad_graph):
@@ -178,8 +189,9 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
 def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     kind, reason = chunked_form(spec, grad)
+    channel_decay = _channel_decay_side(spec)
     coefs = spec.coefficients()
-    constants = {g: float(v) for g, v in coefs.items() if v != S.GATE}
+    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS}
     for g, val in S.UNDECLARED.items():
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
@@ -200,12 +212,17 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
         "positive": d.positive_domain,
-        "chunk_minibatch": kind == "minibatch",
-        "chunk_delta": kind == "delta",
+        "chunk_minibatch": kind == "minibatch" and not channel_decay,
+        "chunk_delta": kind == "delta" and not spec.channel_gates,
+        "channel_minibatch": kind == "minibatch" and bool(channel_decay),
+        "channel_delta": kind == "delta" and spec.channel_gates,
+        "channel_chunks": kind is not None and spec.channel_gates,
+        "channel_k": channel_decay == "k",
     }
     subs = {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
+        "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "CHUNKED": repr(kind is not None),
@@ -220,6 +237,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
+        "CHANNEL_SIDE": channel_decay or "",
     }
     coef_order = sorted(set(spec.gates) | set(constants))
     try:

@@ -336,6 +336,9 @@ def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
 
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
+    if spec.channel_gates:
+        channels = ", ".join(f"{g}=gate({side})" for g, side in spec.gate_channels().items() if side)
+        raise Unsupported(f"channel-wise gates ({channels}) have no Triton kernel; the torch backend computes them")
     try:
         return _emit(spec, d, forward, grad, coef_order)
     except NotImplementedError as err:
