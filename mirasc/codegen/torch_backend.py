@@ -239,7 +239,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": channel_decay or "",
     }
-    coef_order = sorted(set(spec.gates) | set(constants))
+    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
     try:
         triton_section, no_triton = triton_backend.emit(spec, d, forward, grad, coef_order), ""
     except triton_backend.Unsupported as err:
