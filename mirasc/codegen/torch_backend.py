@@ -218,6 +218,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "channel_delta": kind == "delta" and spec.channel_gates,
         "channel_chunks": kind is not None and spec.channel_gates,
         "channel_k": channel_decay == "k",
+        "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
+        "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
+                           and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
     subs = {
         "SPEC": spec.canonical(),
