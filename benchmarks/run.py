@@ -47,7 +47,9 @@ def inputs(mod, B, T, H, D, seed=0, requires_grad=False):
     k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
     v = torch.randn(B, T, H, D, generator=g)
     lo_hi = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
-    gates = {n: lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    channels = getattr(mod, "GATE_CHANNELS", {})  # channel-wise gates are [B, T, H, D] (Dk = Dv = D here)
+    gates = {n: lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0]) * torch.rand(B, T, H, *([D] if n in channels else []),
+                                                                       generator=g) for n in mod.GATES}
     if requires_grad:
         for t in (q, k, v, *gates.values()):
             t.requires_grad_(True)

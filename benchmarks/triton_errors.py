@@ -27,6 +27,12 @@ import mirasc  # noqa: E402
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
 
 
+def _channels(mod, name, Dk, Dv):
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    side = getattr(mod, "GATE_CHANNELS", {}).get(name)
+    return () if side is None else (Dk,) if side == "k" else (Dv,)
+
+
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
@@ -57,7 +63,9 @@ def main() -> int:
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         v = torch.randn(B, T, H, D, generator=g)
-        gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+        gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
+                 * torch.rand(B, T, H, *_channels(mod, n, D, D), generator=g)
+                 for n in mod.GATES}
         state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s
                  for n, s in mod.init_state(B, H, D, D).items()}
         inputs = (q, k, v, gates, state)

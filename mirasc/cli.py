@@ -92,7 +92,8 @@ def cmd_check(args) -> int:
 
         compiler.derive_parsed(s, text, path)
     print(f"{args.spec}: ok — model {s.name}: memory={s.memory.kind} bias={s.bias.kind} "
-          f"retention={s.retention.kind} learner={s.learner.kind} parallel={s.parallel.kind}; gates={list(s.gates)}")
+          f"retention={s.retention.kind} learner={s.learner.kind} parallel={s.parallel.kind}; "
+          f"gates={[g + (f'({side})' if side else '') for g, side in s.gate_channels().items()]}")
     return 0
 
 
@@ -132,7 +133,8 @@ def cmd_demo(args) -> int:
     gates = {}
     for g in mod.GATES:
         lo, hi = ranges[g]
-        gates[g] = lo + (hi - lo) * torch.rand(B, T, H, generator=gen)
+        channels = [D] if g in getattr(mod, "GATE_CHANNELS", {}) else []  # Dk = Dv = D here
+        gates[g] = lo + (hi - lo) * torch.rand(B, T, H, *channels, generator=gen)
     print(f"compiled {args.spec} -> model `{compiled.spec.name}` in {t_compile * 1e3:.0f} ms "
           f"({len(compiled.source.splitlines())} lines of torch); gates {list(mod.GATES)}")
     print(f"input: B={B} T={T} H={H} Dk=Dv={D}, float32")

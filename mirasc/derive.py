@@ -59,7 +59,7 @@ class Derivation:
 
 
 def coef(value, gate_symbol: sp.Symbol) -> sp.Expr:
-    return gate_symbol if value == S.GATE else sp.Float(value)
+    return gate_symbol if value in S.GATE_FORMS else sp.Float(value)
 
 
 def derive(spec: S.Spec) -> Derivation:

@@ -11,7 +11,17 @@ from .derive import Derivation
 
 
 def _sym(value, gate: str) -> str:
-    return f"{gate}_t" if value == S.GATE else S.format_value(value)
+    return f"{gate}_t" if value in S.GATE_FORMS else S.format_value(value)
+
+
+def _scaled(value, gate: str, mat: str) -> str:
+    """`gate·M`, or with a channel-wise gate (CONTRACT §6) `M·diag(gate)` (key channels, columns) or
+    `diag(gate)·M` (value channels, rows)."""
+    if value == S.GATE_K:
+        return f"{mat}·diag({gate}_t)"
+    if value == S.GATE_V:
+        return f"diag({gate}_t)·{mat}"
+    return f"{_sym(value, gate)}·{mat}"
 
 
 def _show(expr, latex: bool) -> str:
@@ -137,37 +147,45 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
                    "softmax step")
         at = "W_{s−1} for t = s (the state the previous chunk left), at W_s for t = s+1..e"
     if r.kind == "decay" and r.order == "pre":
-        out.append(f"pre-decay:  W'_{{t−1}} = {_sym(r.alpha, 'α')}·W_{{t−1}}")
+        out.append(f"pre-decay:  W'_{{t−1}} = {_scaled(r.alpha, 'α', 'W_{t−1}')}")
         at = "W'_{t−1}"
     out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
-    eta = _sym(l.lr, "η") if hasattr(l, "lr") else "1"
-    if l.kind == "momentum":
-        out.append(f"learner:    S_t = {_sym(l.theta, 'θ')}·S_{{t−1}} − {eta}·g_t,  U_t = S_t")
+    lr = getattr(l, "lr", 1.0)
+    if lr == S.GATE_V:  # the loss weighted per output channel; for a linear memory this is diag(η_t)·g_t
+        out.append("            ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
+        step = "g_t"
+    elif lr == S.GATE_K:
+        step = "g_t·diag(η_t)"
     else:
-        out.append(f"learner:    U_t = −{eta}·g_t")
+        step = f"{_sym(lr, 'η')}·g_t"
+    if l.kind == "momentum":
+        out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} − {step},  U_t = S_t")
+    else:
+        out.append(f"learner:    U_t = −{step}")
     if r.kind == "none":
         out.append("retention:  W_t = W_{t−1} + U_t")
     elif r.kind == "decay":
         if r.order == "pre":
             out.append("retention:  W_t = W'_{t−1} + U_t")
         else:
-            out.append(f"retention:  W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t")
+            out.append(f"retention:  W_t = {_scaled(r.alpha, 'α', 'W_{t−1}')} + U_t")
     elif r.kind == "lq" and chunk_readout:
-        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / n_c  (the chunk's frozen "
-                   f"normaliser), q = {S.format_value(r.q)}")
+        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / n_c  (the chunk's "
+                   f"frozen normaliser), q = {S.format_value(r.q)}")
     elif r.kind == "kl" and chunk_readout:
         alpha_s = _sym(r.alpha, "α").replace("_t", "_s")
         out.append(f"retention:  W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), c = {S.format_value(r.c)}"
                    "  (rows; the chunk's first token s)")
-        out.append(f"later:      W_t = {_sym(r.alpha, 'α')}·W_{{t−1}} + U_t  for t = s+1..e (weight space)")
+        out.append(f"later:      W_t = {_scaled(r.alpha, 'α', 'W_{t−1}')} + U_t  for t = s+1..e (weight space)")
     elif r.kind == "lq":
-        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
+        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
                    f"q = {S.format_value(r.q)}")
     elif r.kind == "kl":
-        out.append(f"retention:  W_t = c·softmax({_sym(r.alpha, 'α')}·log W_{{t−1}} + U_t), c = {S.format_value(r.c)}"
+        softmax_arg = _scaled(r.alpha, "α", "log W_{t−1}")
+        out.append(f"retention:  W_t = c·softmax({softmax_arg} + U_t), c = {S.format_value(r.c)}"
                    "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))")
     elif r.kind == "elastic":
-        out.append(f"retention:  A_t = {_sym(r.alpha, 'α')}·A_{{t−1}} + U_t,  "
+        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  "
                    f"W_t = {_show(d.elastic, latex)} at a = A_t")
     elif r.kind == "bregman":
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")

@@ -341,6 +341,15 @@ class _Builder:
             if word in ("true", "false"):
                 return word == "true"
             return word
+        if expr.data == "func" and str(expr.children[0]) == "gate":
+            side = expr.children[1]
+            if param not in S.GATE_OF_PARAM:
+                raise self.err(expr, f"`{form}({param}=...)` is not a coefficient; `gate(k)`/`gate(v)` are accepted "
+                               f"for {_one_of(sorted(S.GATE_OF_PARAM))}")
+            if side.data != "name" or str(side.children[0]) not in ("k", "v"):
+                raise self.err(side, "a channel-wise gate is `gate(k)` (one value per key channel) or `gate(v)` "
+                               "(one per value channel)")
+            return f"gate({side.children[0]})"
         raise self.err(expr, f"`{form}({param}=...)` takes a number, a name, `gate` or true/false, "
                        "not an expression")
 
@@ -437,7 +446,7 @@ def _literal_words(annotation) -> set[str]:
 
 def _expected_kind(annotation: str) -> str:
     if "gate" in annotation:
-        return "a number or `gate`"
+        return "a number, `gate`, `gate(k)` or `gate(v)`"
     if "Literal" in annotation:
         return "one of the listed words"
     return "a number"
@@ -452,7 +461,7 @@ def _explain(cls, key: str, err: dict) -> str:
     field = cls.model_fields.get(key)
     msg = err.get("msg", "invalid value")
     if field is not None and "gate" in str(field.annotation):
-        return f"{msg.replace('Input should be', 'expected')}; write a number or `gate`"
+        return f"{msg.replace('Input should be', 'expected')}; write a number, `gate`, `gate(k)` or `gate(v)`"
     if err.get("type") == "literal_error" and field is not None:
         return f"{msg}"
     constraints = []

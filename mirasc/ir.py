@@ -320,10 +320,19 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
         es, ks = sp.Symbol("eta", positive=True), sp.Symbol("ksq", nonnegative=True)
         bind[D.cprox] = gr.ew(es * ks, {es: eta, ks: ksq}, name="c")
     dy = gr.ew(expr, bind, name="dl_dy")
+    eta_side = spec.gate_channels().get("eta")
+    if eta_side == "v":  # lr=gate(v): ℓ = Σᵢ ηᵢ ℓ(eᵢ), so dℓ/dy is weighted per output channel (CONTRACT §6)
+        eta = gr.add("input", arg="eta_ch", name="eta_ch")
+        es, gs = sp.Symbol("eta", real=True), sp.Symbol("g", real=True)
+        dy = gr.ew(es * gs, {es: eta, gs: dy}, name="dl_dy_weighted")
     # residual: ∂/∂y of x + y is the identity; LayerNorm: its backward.
     if m.kind == "mlp" and m.norm == "layernorm":
         dy = gr.add("layernorm_bwd", y_pre, dy, name="dl_dz")
     delta_i = dy
+    if eta_side == "k":  # lr=gate(k), linear memory: U = -g·diag(η), i.e. the input factor is η ⊙ k
+        eta = gr.add("input", arg="eta_ch", name="eta_ch")
+        es, ks = sp.Symbol("eta", real=True), sp.Symbol("k", real=True)
+        hs[0] = gr.ew(es * ks, {es: eta, ks: k}, name="k_weighted")
     for i in reversed(range(depth)):
         gr.add("output", delta_i, arg=f"delta{i + 1}", name=f"out_delta{i + 1}")
         gr.add("output", hs[i], arg=f"input{i + 1}", name=f"out_input{i + 1}")
@@ -353,7 +362,7 @@ def _vector_valued(gr: Graph) -> dict[int, bool]:
     for nid in gr.order():
         op, srcs = gr.node(nid), gr.srcs(nid)
         if op.op == "input":
-            vec[nid] = op.arg in ("x", "k", "v")
+            vec[nid] = op.arg in ("x", "k", "v", "eta_ch")  # (a channel-wise δ has no Triton kernel yet)
         elif op.op in ("weight", "output"):
             vec[nid] = False
         elif op.op in ("rownorm", "rowsumsq", "rowsum"):

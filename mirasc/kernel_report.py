@@ -186,7 +186,9 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
             g = torch.Generator().manual_seed(0)
             q, k = (torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_() for _ in range(2))
             v = torch.randn(1, T, heads, dv, generator=g).to(torch_dtype).requires_grad_()
-            gates = {n: torch.rand(1, T, heads, generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
+            channels = getattr(module, "GATE_CHANNELS", {})
+            gates = {n: torch.rand(1, T, heads, *([dk if channels[n] == "k" else dv] if n in channels else []),
+                                   generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
             kw = {} if chunk is None else {"chunk_size": chunk}
             direction[0] = "fwd"
             try:

@@ -13,8 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 GATE = "gate"
-Coef = Literal["gate"] | float
-"""A coefficient: the word `gate` (a per-token input of the op) or a constant number."""
+GATE_K, GATE_V = "gate(k)", "gate(v)"
+GATE_FORMS = (GATE, GATE_K, GATE_V)
+Coef = Literal["gate", "gate(k)", "gate(v)"] | float
+"""A coefficient: `gate` (a per-token input [B, T, H] of the op), `gate(k)` / `gate(v)` (a per-token vector
+over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), or a constant number."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
@@ -212,7 +215,7 @@ class Spec(BaseModel):
         return self.memory.kind != "nonparametric"
 
     def coefficients(self) -> dict[str, Coef]:
-        """Gate name -> `gate` or constant, for every coefficient the spec uses."""
+        """Gate name -> `gate`, `gate(k)`, `gate(v)` or constant, for every coefficient the spec uses."""
         out: dict[str, Coef] = {}
         for form in (self.bias, self.retention, self.learner):
             for param, value in form:
@@ -230,7 +233,16 @@ class Spec(BaseModel):
     @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
-        return tuple(g for g in GATE_ORDER if coefs.get(g) == GATE)
+        return tuple(g for g in GATE_ORDER if coefs.get(g) in GATE_FORMS)
+
+    def gate_channels(self) -> dict[str, str | None]:
+        """Gate name -> None (one value per head and token), "k" or "v" (a vector over those channels)."""
+        coefs = self.coefficients()
+        return {g: {GATE: None, GATE_K: "k", GATE_V: "v"}[coefs[g]] for g in self.gates}
+
+    @property
+    def channel_gates(self) -> bool:
+        return any(self.gate_channels().values())
 
     @property
     def weights(self) -> tuple[str, ...]:
@@ -386,5 +398,41 @@ def check_combination(spec: Spec) -> None:
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
                         f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
+    if par.kind == "minibatch" and par.readout == "chunk":
+        decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
+        if decays:
+            raise Rejection("parallel", f"`readout=chunk` with a channel-wise {' and '.join(decays)} is not "
+                            "implemented: the chunk readouts here take one decay per head; use `gate` for "
+                            f"{' and '.join(decays)}, or `readout=token`", param="readout")
+    _check_channel_gates(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
+
+
+def _check_channel_gates(spec: Spec) -> None:
+    """CONTRACT §6: the channel-wise coefficients whose meaning is defined, and why the others are not."""
+    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
+    for form, field in ((b, "bias"), (r, "retention"), (l, "learner")):
+        for param, value in form:
+            if param not in GATE_OF_PARAM or value not in (GATE_K, GATE_V):
+                continue
+            side = value[5]
+            if m.kind == "mlp" and param in ("alpha", "theta"):
+                raise Rejection(field, f"`{param}={value}` scales the columns or rows of a linear memory's W; an MLP "
+                                "memory's weights have no key/value channels to scale (the hidden width differs): "
+                                f"use `{param}=gate` (one value per head) or a linear memory", param=param)
+            if param == "lr" and m.kind == "mlp" and side == "k":
+                raise Rejection(field, "`lr=gate(k)` scales the key channels of a linear memory's update; an MLP "
+                                "memory has no such columns after its first layer: use `lr=gate(v)` (the loss "
+                                "weighted per output channel) or `lr=gate`", param=param)
+            if param == "lr" and l.kind == "implicit":
+                raise Rejection(field, "`implicit` with a channel-wise learning rate has no closed-form proximal "
+                                "step (the step couples channels through ‖k‖²): use `lr=gate` or learner gd",
+                                param=param)
+            if param == "delta" and side == "k":
+                raise Rejection(field, "a Huber threshold applies to the residual e = M(k) - v, which lives on the "
+                                "value channels: write `delta=gate(v)`", param=param)
+            if param == "delta" and b.mode == "mixture":
+                raise Rejection(field, "huber mode=mixture compares the whole residual norm ‖e‖ with one threshold; "
+                                "a vector threshold has no meaning there: use `delta=gate` or mode=coordinate",
+                                param=param)

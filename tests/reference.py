@@ -16,7 +16,11 @@ Config format (one hand-written dict per spec file in ``specs/``)::
          readout="token" | "chunk")   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
 
 A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
-for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber) or a number.
+for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber), ``"gate(k)"`` /
+``"gate(v)"`` (CONTRACT §6: a vector per token over the key / value channels, [B, T, H, Dk|Dv]) or a number.
+Channel-wise gates are written out as the contract states them: α, θ scale the columns (k) or rows (v)
+of W and S; ``lr=gate(v)`` weights the loss per output channel, ℓ = Σᵢ ηᵢ ℓ(eᵢ); ``lr=gate(k)`` gives
+U = -g·diag(η); ``delta=gate(v)`` is a Huber threshold per output channel.
 Optional ``gate_ranges`` only steers :func:`make_inputs` (it is not part of the semantics).
 """
 
@@ -62,6 +66,20 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
     ),
+    "gla": dict(
+        memory=_LINEAR,
+        bias=dict(kind="dot"),
+        retention=dict(kind="decay", alpha="gate(k)", order="post"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
+    "hgrn2": dict(
+        memory=_LINEAR,
+        bias=dict(kind="dot"),
+        retention=dict(kind="decay", alpha="gate(k)", order="post"),
+        learner=dict(kind="gd", lr="gate(k)"),
+        parallel=None,
+    ),
     "hyperbolic_mirror": dict(
         memory=_LINEAR,
         bias=dict(kind="l2"),
@@ -75,6 +93,13 @@ REF_CONFIGS: dict[str, dict] = {
         retention=dict(kind="kl", c=1.0, alpha="gate"),
         learner=dict(kind="momentum", lr="gate", theta="gate"),
         parallel=32,
+    ),
+    "kda": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate(k)", order="pre"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
     ),
     "linear_attention": dict(
         memory=_LINEAR,
@@ -197,7 +222,7 @@ def declared_gates(cfg) -> set[str]:
     out = set()
     for section in ("bias", "retention", "learner"):
         for role, gate in GATE_OF_ROLE.items():
-            if cfg[section].get(role) == "gate":
+            if cfg[section].get(role) in ("gate", "gate(k)", "gate(v)"):
                 out.add(gate)
     return out
 
@@ -220,11 +245,16 @@ def needs_positive_weights(cfg) -> bool:
 
 
 def _coef(value, gate_name: str, gates: dict, t: int, default: float):
-    """Coefficient at token t as [B, H, 1, 1] (gate) or a python float (constant / undeclared)."""
+    """Coefficient at token t as a factor on a weight [B, H, Dv, Dk]: [B, H, 1, 1] (gate), [B, H, 1, Dk]
+    (gate(k): columns), [B, H, Dv, 1] (gate(v): rows), or a python float (constant / undeclared)."""
     if value is None:
         return default
     if value == "gate":
         return gates[gate_name][:, t][..., None, None]
+    if value == "gate(k)":
+        return gates[gate_name][:, t][..., None, :]
+    if value == "gate(v)":
+        return gates[gate_name][:, t][..., :, None]
     return float(value)
 
 
@@ -264,37 +294,38 @@ def memory_forward(mem: dict, Ws: dict[str, Tensor], x: Tensor) -> Tensor:
     return y
 
 
-def bias_loss(bias: dict, y: Tensor, v: Tensor, delta) -> Tensor:
-    """Per-(b,h) loss l(y, v), y and v [B,H,Dv] -> [B,H]."""
+def bias_loss(bias: dict, y: Tensor, v: Tensor, delta, weight=1.0) -> Tensor:
+    """Per-(b,h) loss l(y, v), y and v [B,H,Dv] -> [B,H]; `weight` [B,H,Dv] weights each output channel's
+    term (lr=gate(v)); `delta` is [B,H,1,1], [B,H,Dv,1] (delta=gate(v)) or a float."""
     kind = bias["kind"]
     if kind == "dot":
-        return -(y * v).sum(-1)
+        return -(weight * y * v).sum(-1)
     e = y - v
     if kind == "l2":
-        return 0.5 * (e * e).sum(-1)
+        return (weight * 0.5 * e * e).sum(-1)
     if kind == "lp":
         p = float(bias["p"])
-        return ((e * e + float(bias.get("eps", 1e-6))) ** (p / 2)).sum(-1) / p
+        return (weight * (e * e + float(bias.get("eps", 1e-6))) ** (p / 2)).sum(-1) / p
     if kind == "huber":
-        d = delta[..., 0] if isinstance(delta, Tensor) else delta  # [B,H,1] or float
+        d = delta[..., 0] if isinstance(delta, Tensor) else delta  # [B,H,1] / [B,H,Dv] or float
         if bias.get("mode", "coordinate") == "mixture":
             d = d[..., 0] if isinstance(d, Tensor) else d  # [B,H]
-            quad = 0.5 * (e * e).sum(-1)
-            lin = d * e.abs().sum(-1)
+            quad = 0.5 * (weight * e * e).sum(-1)
+            lin = d * (weight * e.abs()).sum(-1)
             row_norm = e.detach().norm(dim=-1)
             return torch.where(row_norm <= d, quad, lin)
         a = e.abs()
-        return torch.where(a <= d, 0.5 * e * e, d * (a - 0.5 * d)).sum(-1)
+        return (weight * torch.where(a <= d, 0.5 * e * e, d * (a - 0.5 * d))).sum(-1)
     if kind == "custom":
-        return bias["f"](e).sum(-1)
+        return (weight * bias["f"](e)).sum(-1)
     raise ValueError(f"unknown bias {kind!r}")
 
 
-def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, create_graph=True):
+def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, create_graph=True, weight=1.0):
     """g = d l(M_W(k), v) / dW for each weight matrix, by autograd (differentiable: create_graph)."""
     names = list(Ws)
     leaves = [Ws[n] if Ws[n].requires_grad else Ws[n].detach().requires_grad_(True) for n in names]
-    loss = bias_loss(cfg["bias"], memory_forward(cfg["memory"], dict(zip(names, leaves)), k), v, delta)
+    loss = bias_loss(cfg["bias"], memory_forward(cfg["memory"], dict(zip(names, leaves)), k), v, delta, weight)
     grads = torch.autograd.grad(loss.sum(), leaves, create_graph=create_graph)
     return dict(zip(names, grads))
 
@@ -386,10 +417,13 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             W = {n: A[n] / n_c[n] for n in names}
         if first:
             anchor = W  # state at the end of the previous chunk
-        g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph)
+        weight = 1.0
+        if lrn.get("lr") == "gate(v)":  # ℓ = Σᵢ ηᵢ ℓ(eᵢ): the step itself is then -g
+            weight, eta = eta[..., 0], 1.0
+        g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph, weight)
 
         if lrn["kind"] == "gd":
-            U = {n: -eta * g[n] for n in names}
+            U = {n: -eta * g[n] for n in names}  # (lr=gate(k): eta [B,H,1,Dk] scales g's columns)
         elif lrn["kind"] == "momentum":
             S = {n: theta * S[n] - eta * g[n] for n in names}
             U = S
@@ -459,9 +493,12 @@ def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtyp
     ranges = dict(DEFAULT_GATE_RANGES)
     ranges.update(cfg.get("gate_ranges", {}))
     gates = {}
+    kinds = {GATE_OF_ROLE[role]: cfg[section][role] for section in ("bias", "retention", "learner")
+             for role in GATE_OF_ROLE if role in cfg[section]}
     for name in sorted(declared_gates(cfg)):
         lo, hi = ranges[name]
-        gates[name] = lo + (hi - lo) * torch.rand(B, T, H, generator=g, dtype=f64)
+        shape = {"gate": (B, T, H), "gate(k)": (B, T, H, Dk), "gate(v)": (B, T, H, Dv)}[kinds[name]]
+        gates[name] = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64)
     cast = lambda x: x.to(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), {n: cast(x) for n, x in gates.items()}
 

@@ -40,6 +40,16 @@ CASES = {
                                                norm="none"),
                          bias=dict(kind="huber", delta="gate", mode="coordinate"),
                          retention=dict(kind="kl", c=2.0, alpha="gate"))),
+    # channel-wise learning rates (CONTRACT §6) weight the loss per output channel, inside the gradient
+    "kl_lr_channels": ("memory = mlp(depth=2, expansion=2, act=silu, residual=false, norm=none)\nbias = l2\n"
+                       "retention = kl(c=1, alpha=gate)\nlearner = gd(lr=gate(v))",
+                       dict(memory=dict(kind="mlp", depth=2, expansion=2, act="silu", residual=False, norm="none"),
+                            bias=dict(kind="l2"), retention=dict(kind="kl", c=1.0, alpha="gate"),
+                            learner=dict(kind="gd", lr="gate(v)"), parallel=C, readout="chunk")),
+    "lq_lr_channels": ("memory = linear\nbias = l2\nretention = lq(q=3, alpha=gate)\nlearner = gd(lr=gate(v))",
+                       dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
+                            retention=dict(kind="lq", q=3.0, alpha="gate"), learner=dict(kind="gd", lr="gate(v)"),
+                            parallel=C, readout="chunk")),
 }
 
 
@@ -247,6 +257,15 @@ def test_readout_chunk_is_rejected_for_other_retentions(retention, tmp_path, cap
     err = capsys.readouterr().err
     assert f"{path}:6:" in err, err
     assert "readout=chunk" in err and REJECTED[retention] in err and "lq or kl" in err, err
+
+
+def test_readout_chunk_with_channel_wise_decay_is_rejected(tmp_path, capsys):
+    path = tmp_path / "bad.miras"
+    path.write_text("model bad {\n    memory = linear\n    bias = l2\n    retention = lq(q=4, alpha=gate(k))\n"
+                    "    parallel = minibatch(16, readout=chunk)\n}\n")
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:5:" in err and "readout=chunk" in err and "channel-wise alpha" in err, err
 
 
 def test_readout_values(tmp_path, capsys):

@@ -135,7 +135,8 @@ ISOLATED_RUNNER = textwrap.dedent('''
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         v = torch.randn(B, T, H, D, generator=g)
-        gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, generator=g) for name in mod.GATES}}
+        gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, *([D] if name in getattr(mod, "GATE_CHANNELS", {{}}) else []),
+                                                generator=g) for name in mod.GATES}}
         state0 = mod.init_state(B, H, D, D)
         o, state = mod.apply(q, k, v, gates)
         out = {{"shape": list(o.shape), "finite": bool(torch.isfinite(o).all()), "spec_head": mod.SPEC.split("{{")[0],

@@ -475,7 +475,7 @@ def test_empty_file_is_reported_at_its_start(text):
 def test_gate_misspelling_gets_did_you_mean():
     err = reject(model("memory = linear", "bias = l2", "retention = decay(alpha=gat)"))
     assert (err.line, err.col) == (4, 29)
-    assert "takes a number or `gate`, not `gat` (did you mean `gate`?)" in err.message
+    assert "takes a number, `gate`, `gate(k)` or `gate(v)`, not `gat` (did you mean `gate`?)" in err.message
 
 
 def test_every_field_error_of_a_file_is_reported(tmp_path, capsys):

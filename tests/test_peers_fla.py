@@ -84,6 +84,8 @@ def fla_naive():
         "simple_gla": "fla.ops.simple_gla.naive",
         "retention": "fla.ops.retention.naive",
         "linear_attn": "fla.ops.linear_attn.naive",
+        "gla": "fla.ops.gla.naive",
+        "kda": "fla.ops.kda.naive",
     }
     return SimpleNamespace(**{name: importlib.import_module(path) for name, path in mods.items()})
 
@@ -263,6 +265,79 @@ def test_gated_deltanet_vs_chunk_gated_delta_rule(fla_naive, algorithm, chunk_si
             initial_state=_T(x.W0).contiguous(), output_final_state=True,
         )  # fmt: skip
         return o, _T(S)
+
+    leaves = {"q": x.q, "k": x.k, "v": x.v, "eta": x.eta, "alpha": x.alpha, "W0": x.W0}
+    _compare(lambda: _ours(mod, x, algorithm, chunk_size), ref, x, leaves)
+
+
+# --------------------------------------------------------------------------------------------------
+# Channel-wise decays (CONTRACT §6): FLA's log-space gate g has one value per key channel, [B, T, H, K].
+# GLA: linear, dot, decay(alpha=gate(k)), gd(lr=1)
+#   ours: W_t = W_{t-1} diag(α_t) + v_t k_tᵀ
+#   FLA:  h ← h * exp(gk_t)[:, None] + k_t v_tᵀ, o_t = (scale q_t)ᵀ h; its scale is fixed at K**-0.5
+#         (so we feed it q·K**0.5, exact for K = 16) and it upcasts to float32
+# KDA: linear, l2, decay(alpha=gate(k), order=pre), gd(lr=gate)
+#   ours: W'_t = W_{t-1} diag(α_t);  W_t = W'_t - η_t (W'_t k_t - v_t) k_tᵀ
+#   FLA:  S ← S * exp(g_t)[..., None];  S ← S + β_t k_t (v_t - S ᵀk_t)ᵀ, with scale=1.0
+# --------------------------------------------------------------------------------------------------
+
+
+def _channel_alpha(x: SimpleNamespace, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return _leaf(0.85 + 0.149 * torch.rand(B, T, H, DK, generator=gen, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("algorithm,chunk_size", ALGORITHMS)
+def test_gla_vs_naive_recurrent_gla(fla_naive, algorithm, chunk_size):
+    mod = _module("gla", {"alpha"})
+    assert mod.GATE_CHANNELS == {"alpha": "k"}
+    x = _inputs(21)
+    x.alpha = _channel_alpha(x, 22)
+
+    def ref():
+        o, S = fla_naive.gla.naive_recurrent_gla(
+            x.q * DK**0.5, x.k, x.v, torch.log(x.alpha), initial_state=_T(x.W0), output_final_state=True,
+        )  # fmt: skip
+        return o, _T(S)
+
+    leaves = {"q": x.q, "k": x.k, "v": x.v, "alpha": x.alpha, "W0": x.W0}
+    _compare(lambda: _ours(mod, x, algorithm, chunk_size), ref, x, leaves)
+
+
+@pytest.mark.parametrize("algorithm,chunk_size", ALGORITHMS)
+def test_kda_vs_naive_recurrent_kda(fla_naive, algorithm, chunk_size):
+    mod = _module("kda", {"eta", "alpha"})
+    assert mod.GATE_CHANNELS == {"alpha": "k"}
+    x = _inputs(23, l2norm=True)
+    x.alpha = _channel_alpha(x, 24)
+
+    def ref():
+        o, S = fla_naive.kda.naive_recurrent_kda(
+            q=x.q, k=x.k, v=x.v, g=torch.log(x.alpha), beta=x.eta, scale=1.0,
+            initial_state=_T(x.W0), output_final_state=True,
+        )  # fmt: skip
+        return o, _T(S)
+
+    leaves = {"q": x.q, "k": x.k, "v": x.v, "eta": x.eta, "alpha": x.alpha, "W0": x.W0}
+    _compare(lambda: _ours(mod, x, algorithm, chunk_size), ref, x, leaves)
+
+
+@pytest.mark.parametrize("algorithm,chunk_size", ALGORITHMS)
+def test_kda_vs_naive_chunk_kda(fla_naive, algorithm, chunk_size):
+    mod = _module("kda", {"eta", "alpha"})
+    x = _inputs(25, l2norm=True)
+    x.alpha = _channel_alpha(x, 26)
+
+    def ref():
+        # the chunked reference needs T % 16 == 0: pad T = 50 to 64 with no-op tokens (k = v = 0, β = 0, g = 0)
+        def pad(t):
+            return torch.cat([t, t.new_zeros(t.shape[0], 64 - T, *t.shape[2:])], dim=1)
+
+        o, S = fla_naive.kda.naive_chunk_kda(
+            q=pad(x.q), k=pad(x.k), v=pad(x.v), g=pad(torch.log(x.alpha)), beta=pad(x.eta), scale=1.0,
+            chunk_size=16, initial_state=_T(x.W0), output_final_state=True,
+        )  # fmt: skip
+        return o[:, :T], _T(S)
 
     leaves = {"q": x.q, "k": x.k, "v": x.v, "eta": x.eta, "alpha": x.alpha, "W0": x.W0}
     _compare(lambda: _ours(mod, x, algorithm, chunk_size), ref, x, leaves)

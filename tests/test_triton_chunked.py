@@ -32,12 +32,20 @@ VARIANTS = {
 }
 
 
+def _channels(mod, name, Dk, Dv):
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    side = getattr(mod, "GATE_CHANNELS", {}).get(name)
+    return () if side is None else (Dk,) if side == "k" else (Dv,)
+
+
 def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     v = torch.randn(B, T, H, Dv, generator=g).to(dtype)
-    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
+             * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
+             for n in mod.GATES}
     state = {"W": 0.3 * torch.randn(B, H, Dv, Dk, generator=g)}  # a non-zero initial memory
     return q, k, v, gates, state
 

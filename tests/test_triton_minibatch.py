@@ -32,6 +32,12 @@ VARIANTS = {
 }
 
 
+def _channels(mod, name, Dk, Dv):
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    side = getattr(mod, "GATE_CHANNELS", {}).get(name)
+    return () if side is None else (Dk,) if side == "k" else (Dv,)
+
+
 def compile_named(name):
     if name == "any_c3":
         return mirasc.compile_spec(f"model any_c3 {{\n{ANY_C.format(C=3)}\n}}\n")
@@ -45,7 +51,9 @@ def inputs(mod, B, T, H, Dk, Dv, seed=0):
     q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
     v = torch.randn(B, T, H, Dv, generator=g)
-    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
+             * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
+             for n in mod.GATES}
     state = mod.init_state(B, H, Dk, Dv)
     # perturbed, with a non-zero momentum buffer, so every initial-state tensor matters
     state = {n: s + 0.05 * torch.randn(s.shape, generator=g) for n, s in state.items()}

@@ -20,6 +20,12 @@ SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not 
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
 
 
+def _channels(mod, name, Dk, Dv):
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    side = getattr(mod, "GATE_CHANNELS", {}).get(name)
+    return () if side is None else (Dk,) if side == "k" else (Dv,)
+
+
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
@@ -29,7 +35,9 @@ def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     v = torch.randn(B, T, H, Dv, generator=g).to(dtype)
-    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
+             * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
+             for n in mod.GATES}
     state = mod.init_state(B, H, Dk, Dv)
     # a non-zero momentum buffer, so its initial value matters
     state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s for n, s in state.items()}

@@ -20,7 +20,7 @@ def rel(a, b):
 
 @pytest.mark.parametrize("name,algorithm", [("gated_deltanet", "chunked"), ("titans", "chunked"),
                                             ("moneta", "recurrent"), ("memora", "chunked"),
-                                            ("custom_cauchy", "auto")])
+                                            ("custom_cauchy", "auto"), ("kda", "chunked"), ("gla", "chunked")])
 def test_packed_equals_separate(name, algorithm):
     mod = mirasc.compile_spec(SPECS / f"{name}.miras")
     g = torch.Generator().manual_seed(0)
@@ -28,7 +28,8 @@ def test_packed_equals_separate(name, algorithm):
     q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=g, dtype=torch.float64), dim=-1)
             for _ in range(2))
     v = torch.randn(1, T, H, D, generator=g, dtype=torch.float64, requires_grad=True)
-    gates = {n: (0.2 + 0.7 * torch.rand(1, T, H, generator=g, dtype=torch.float64)) for n in mod.GATES}
+    gates = {n: (0.2 + 0.7 * torch.rand(1, T, H, *([D] if n in mod.GATE_CHANNELS else []), generator=g,
+                                        dtype=torch.float64)) for n in mod.GATES}
     state = mod.init_state(N, H, D, D, dtype=torch.float64, generator=g)
     o, final = mod.apply(q, k, v, gates, state=state, algorithm=algorithm, cu_seqlens=torch.tensor(CU))
     for i, (a, b) in enumerate(zip(CU, CU[1:])):

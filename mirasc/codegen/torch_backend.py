@@ -72,9 +72,20 @@ def _flag(arg: str, flags: dict[str, bool]) -> bool:
     return flags[arg]
 
 
+def _channel_decay_side(spec: S.Spec) -> str | None:
+    """The weight side ("k" or "v") that channel-wise α/θ scale, or None (all per head)."""
+    sides = {side for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta")}
+    return sides.pop() if len(sides) == 1 else None
+
+
 def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
     """Which chunked algorithm computes this spec exactly, or None with the reason."""
     m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
+    channels = spec.gate_channels()
+    if {channels.get("alpha"), channels.get("theta")} == {"k", "v"}:
+        return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
+                      "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
+                      "side or use algorithm='recurrent'")
     if par.kind == "minibatch":
         return "minibatch", ""
     if ir.state_independent_gradient(grad_graph):
@@ -205,8 +216,9 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
 def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     kind, reason = chunked_form(spec, grad)
+    channel_decay = _channel_decay_side(spec)
     coefs = spec.coefficients()
-    constants = {g: float(v) for g, v in coefs.items() if v != S.GATE}
+    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS}
     for g, val in S.UNDECLARED.items():
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
@@ -235,12 +247,20 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
         "positive": d.positive_domain,
-        "chunk_minibatch": kind == "minibatch",
-        "chunk_delta": kind == "delta",
+        "chunk_minibatch": kind == "minibatch" and not channel_decay,
+        "chunk_delta": kind == "delta" and not spec.channel_gates,
+        "channel_minibatch": kind == "minibatch" and bool(channel_decay),
+        "channel_delta": kind == "delta" and spec.channel_gates,
+        "channel_chunks": kind is not None and spec.channel_gates,
+        "channel_k": channel_decay == "k",
+        "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
+        "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
+                           and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
     subs = {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
+        "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "CHUNKED": repr(kind is not None),
@@ -255,8 +275,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
+        "CHANNEL_SIDE": channel_decay or "",
     }
-    coef_order = sorted(set(spec.gates) | set(constants))
+    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
     # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
     # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
     # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.
@@ -268,6 +289,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         tri_grad = _scaled_factors(grad)
         tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
+        if chunk_readout and spec.channel_gates:
+            raise triton_backend.Unsupported("readout=chunk (CONTRACT §7) with channel-wise gates has no Triton kernel "
+                                             "(its chunk kernels take per-head coefficients)")
         triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, tri_grad, tri_coefs), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)

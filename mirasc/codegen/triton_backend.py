@@ -61,6 +61,8 @@ def batched_factors(spec: S.Spec) -> int:
     """The mini-batch C when the recurrent kernels compute each chunk's gradient factors as one tile
     computation (tl.dot needs C to be a power of two >= 16), else 0 (one token at a time)."""
     C = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    if spec.channel_gates:  # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles)
+        return 0
     return C if C >= 16 and C & (C - 1) == 0 else 0
 
 
@@ -188,6 +190,19 @@ def _load_factors(wdims) -> list[str]:
     return lines
 
 
+def vector_coefficients(spec: S.Spec) -> dict[str, str]:
+    """The coefficients the module passes as vectors ([B, H, T, D]): name in the module's coefficient dict
+    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph)."""
+    return {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+
+
+def _graph_vector_inputs(spec: S.Spec) -> dict[str, tuple[str, str]]:
+    """Graph inputs that are per-token vectors in the recurrent kernel: k, v and the channel-wise η, δ."""
+    out = {"k": ("k", "k"), "v": ("v", "v")}
+    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")})
+    return out
+
+
 def _factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[str],
                   compute: bool = True) -> tuple[list[str], dict[str, str]]:
     """The token's gradient factors at weights `at`: (lines, outputs of `memory_grad`). One token at a time,
@@ -195,7 +210,7 @@ def _factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[
     wdims = spec.weight_dims()
     if not batched_factors(spec):
         g_lines, g_out, _ = _graph_lines(grad, "g_", at, {n: f"c_{n}" for n in coef_order},
-                                         {"k": ("k", "k"), "v": ("v", "v")}, wdims)
+                                         _graph_vector_inputs(spec), wdims)
         return g_lines, g_out
     lines = []
     if compute:  # the factors of a whole mini-batch at once, at its start (its anchor is the current state)
@@ -313,8 +328,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
     one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor)."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or r.kind not in ("none", "decay"):
-        return None
+    if m.kind != "linear" or r.kind not in ("none", "decay") or spec.channel_gates:
+        return None  # (channel-wise decays: the recurrent kernel only; the chunk kernels take one decay per head)
     if b.kind == "dot" and l.kind == "gd":
         return "hebbian"
     if b.kind == "l2" and chunk_kind == "delta":
@@ -371,7 +386,9 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     A = [f"anchor{i}" for i in range(n_w)] if keep_anchor else W
 
     # ---- kernel signature
-    ptrs = ["Q", "K", "V", "C", "O"]
+    vectors = vector_coefficients(spec)
+    scalars = [n for n in coef_order if n not in vectors]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vectors], "O"]
     for i in range(n_w):
         ptrs += [f"W{i}_in", f"W{i}_out"]
         if store_acc:
@@ -412,8 +429,12 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "k = tl.load(K + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
         "v = tl.load(V + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)",
     ]
-    for j, n in enumerate(coef_order):
+    for j, n in enumerate(scalars):
         loop.append(f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})")
+    for n, side in vectors.items():  # channel-wise (CONTRACT §6): α, θ scale the weight's columns (k) or rows (v)
+        bcast = {"alpha": "[None, :]", "theta": "[None, :]"}.get(n, "") if side == "k" else \
+            {"alpha": "[:, None]", "theta": "[:, None]"}.get(n, "")
+        loop.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
     if mb:
         loop.append(f"new_chunk = (t % {mb}) == 0")
         for i in range(n_w if keep_anchor else 0):
@@ -461,6 +482,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
         why_not = str(err)
     return SECTION.replace("{{KERNEL}}", kernel).replace("{{COEF_ORDER}}", repr(tuple(coef_order))) \
+        .replace("{{VECTOR_COEFS}}", repr(vectors)) \
         .replace("{{STORE_ACC}}", repr(store_acc)).replace("{{MOMENTUM}}", repr(mom)).replace("{{OP_ID}}", op_id) \
         .replace("{{BWD_STATE}}", repr(tuple(bwd_state))) \
         .replace("{{BWD_STATE_WEIGHT}}", repr(tuple(_widx(n) for n in bwd_state))) \
@@ -523,6 +545,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     reverse-mode graphs `ir.vjp(memory_forward)` and `ir.vjp(memory_grad)` (bias derivative, activations,
     LayerNorm, residual), then the learner (gd or momentum), the retention (decay, or an accumulator and
     its elementwise readout) and the mini-batch anchor, written once here for every spec."""
+    if spec.channel_gates:  # their gradients reduce over one weight axis only: the torch recompute derives them
+        raise NotImplementedError("channel-wise gates: the backward recomputes the recurrence in torch")
     r, l = spec.retention, spec.learner
     mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
     readout = r.kind in ("elastic", "bregman", "lq", "kl")
@@ -825,6 +849,7 @@ except ImportError:
     triton = None
 
 _COEF_ORDER = {{COEF_ORDER}}
+_VECTOR_COEFS = {{VECTOR_COEFS}}  # channel-wise coefficients (name -> side), passed to the kernel as vectors
 _STORE_ACC = {{STORE_ACC}}
 _MOMENTUM = {{MOMENTUM}}
 # The backward kernel's per-token state (empty: the backward recomputes the torch recurrence, because
@@ -1026,10 +1051,12 @@ def _launch_recurrent(q, k, v, c, state):
     B, H, T, Dk = q.shape
     Dv = v.shape[-1]
     Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1  # the hidden width of an MLP memory
-    coefs = torch.stack([c[n].float() for n in _COEF_ORDER], dim=-1).contiguous() if _COEF_ORDER else \\
+    scalars = [n for n in _COEF_ORDER if n not in _VECTOR_COEFS]
+    coefs = torch.stack([c[n].float() for n in scalars], dim=-1).contiguous() if scalars else \\
         torch.zeros(B, H, T, 1, device=q.device)
     o = torch.empty(B, H, T, Dv, dtype=q.dtype, device=q.device)
-    args = [q.contiguous(), k.contiguous(), v.contiguous(), coefs, o]
+    args = [q.contiguous(), k.contiguous(), v.contiguous(), coefs,
+            *[c[n].float().contiguous() for n in _VECTOR_COEFS], o]  # channel-wise: [B, H, T, D] each
     final = {}
     for key in _state_keys():
         src = state[key].float().contiguous()
@@ -1043,7 +1070,7 @@ def _launch_recurrent(q, k, v, c, state):
     def launch(cfg):
         bv, warps = cfg
         _fused_recurrent_fwd[(triton.cdiv(Dv, bv) if _V_TILES else 1, B * H)](
-            *args, T, Dk, Dv, Ne, NC=max(1, len(_COEF_ORDER)), BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
+            *args, T, Dk, Dv, Ne, NC=max(1, len(scalars)), BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
             BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16, num_warps=warps)
 
     launch(_config_for("fwd", q, Dk, Dv, Ne, _TILES_FWD, launch))

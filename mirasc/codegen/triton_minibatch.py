@@ -58,6 +58,8 @@ def minibatch_reason(spec: S.Spec) -> str | None:
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):
         return f"the {l.kind} learner"
+    if spec.channel_gates:
+        return "channel-wise gates are loaded per token by the recurrent kernel only"
     return None
 
 
