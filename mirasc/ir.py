@@ -356,13 +356,16 @@ class NoVJP(Exception):
     """The graph holds an op without a reverse-mode rule here (the caller keeps another backward)."""
 
 
-def _vector_valued(gr: Graph) -> dict[int, bool]:
+VECTOR_INPUTS = ("x", "k", "v", "eta_ch")  # graph inputs that are token vectors; the rest are per-token scalars
+
+
+def _vector_valued(gr: Graph, vector_inputs=VECTOR_INPUTS) -> dict[int, bool]:
     """Which nodes are vectors (token tensors) rather than per-token scalars (gates, norms)."""
     vec: dict[int, bool] = {}
     for nid in gr.order():
         op, srcs = gr.node(nid), gr.srcs(nid)
         if op.op == "input":
-            vec[nid] = op.arg in ("x", "k", "v", "eta_ch")  # (a channel-wise δ has no Triton kernel yet)
+            vec[nid] = op.arg in vector_inputs
         elif op.op in ("weight", "output"):
             vec[nid] = False
         elif op.op in ("rownorm", "rowsumsq", "rowsum"):
@@ -384,7 +387,7 @@ def _clean_derivative(expr: sp.Expr) -> sp.Expr:
     return expr
 
 
-def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
+def vjp(gr: Graph, seeds: dict[str, str], title: str, vector_inputs=VECTOR_INPUTS) -> Graph:
     """Reverse mode on an IR graph, as a new IR graph (the backward is derived, never hand-written).
 
     `seeds` maps output names of `gr` to the names of new inputs holding their cotangents. The result
@@ -393,11 +396,12 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str) -> Graph:
     whose outer products sum to ∂/∂W_i (the caller forms them on its weight tiles). Rules: ew by SymPy
     differentiation per source (summed over the row when a vector flows into a scalar), rownorm, rowsumsq,
     linear/layer (h ↦ W h), linear_t (d ↦ Wᵀ d), layernorm and layernorm_bwd (LayerNorm's Jacobian is
-    symmetric; its second-order term is the layernorm_bwd2 op)."""
+    symmetric; its second-order term is the layernorm_bwd2 op). `vector_inputs` names the inputs that are
+    vectors (a channel-wise δ is one)."""
     out = Graph(title)
     out.g = gr.g.copy()
     out.counter = gr.counter
-    vec = _vector_valued(gr)
+    vec = _vector_valued(gr, vector_inputs)
     by_name = {gr.node(n).arg: gr.srcs(n)[0] for n in gr.outputs()}
     cts: dict[int, list[int]] = {}
     for name, ct_name in sorted(seeds.items()):

@@ -196,6 +196,16 @@ def vector_coefficients(spec: S.Spec) -> dict[str, str]:
     return {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
 
 
+def _vector_loads(vectors: dict[str, str]) -> list[str]:
+    """Token t's channel-wise coefficients: α and θ as factors on a weight tile (key channels scale its columns,
+    value channels its rows: CONTRACT §6), η and δ as vectors the gradient graph reads."""
+    lines = []
+    for n, side in vectors.items():
+        bcast = "" if n not in ("alpha", "theta") else "[None, :]" if side == "k" else "[:, None]"
+        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
+    return lines
+
+
 def _graph_vector_inputs(spec: S.Spec) -> dict[str, tuple[str, str]]:
     """Graph inputs that are per-token vectors in the recurrent kernel: k, v and the channel-wise η, δ."""
     out = {"k": ("k", "k"), "v": ("v", "v")}
@@ -431,10 +441,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     ]
     for j, n in enumerate(scalars):
         loop.append(f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})")
-    for n, side in vectors.items():  # channel-wise (CONTRACT §6): α, θ scale the weight's columns (k) or rows (v)
-        bcast = {"alpha": "[None, :]", "theta": "[None, :]"}.get(n, "") if side == "k" else \
-            {"alpha": "[:, None]", "theta": "[:, None]"}.get(n, "")
-        loop.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
+    loop += _vector_loads(vectors)
     if mb:
         loop.append(f"new_chunk = (t % {mb}) == 0")
         for i in range(n_w if keep_anchor else 0):
@@ -545,8 +552,6 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     reverse-mode graphs `ir.vjp(memory_forward)` and `ir.vjp(memory_grad)` (bias derivative, activations,
     LayerNorm, residual), then the learner (gd or momentum), the retention (decay, or an accumulator and
     its elementwise readout) and the mini-batch anchor, written once here for every spec."""
-    if spec.channel_gates:  # their gradients reduce over one weight axis only: the torch recompute derives them
-        raise NotImplementedError("channel-wise gates: the backward recomputes the recurrence in torch")
     r, l = spec.retention, spec.learner
     mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
     readout = r.kind in ("elastic", "bregman", "lq", "kl")
@@ -556,11 +561,13 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     size = {"k": "Nk", "v": "Nv", "e": "Ne"}
     bc = batched_factors(spec)
     scal = {n: f"c_{n}" for n in coef_order}
+    vectors = vector_coefficients(spec)  # channel-wise (CONTRACT §6): their cotangents are vectors too
+    scalars = [n for n in coef_order if n not in vectors]
     seeds = {}
     for i in range(n_w):
         seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
         seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
-    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp")
+    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(vectors))
     fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
     names = ["w"] + (["y"] if readout else []) + (["s"] if mom else []) + (["anchor"] if mb else [])
     state = [f"{n}{i}" for i in range(n_w) for n in names]
@@ -578,8 +585,16 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         lines = ["q = tl.load(Q + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
                  "k = tl.load(K + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
                  "v = tl.load(V + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
-        lines += [f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})" for j, n in enumerate(coef_order)]
-        return lines
+        lines += [f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})" for j, n in enumerate(scalars)]
+        return lines + _vector_loads(vectors)
+
+    def dcoef(name, prod):
+        """dc_<name> += the reduction of a weight-shaped product: to a scalar, or over the rows (a gate over key
+        channels) or the columns (value channels)."""
+        side = vectors.get(name)
+        red = f"tl.sum(tl.sum({prod}, axis=1), axis=0)" if side is None else \
+            f"tl.sum({prod}, axis={0 if side == 'k' else 1})"
+        return f"dc_{name} = dc_{name} + {red}"
 
     def step(compute_factors=True):
         """One token forward from the state variables (updated in place); keeps the intermediates.
@@ -614,7 +629,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     def reverse():
         """The reverse of step(): carried cotangents dw, dy, ds, da (after the token) -> before it."""
         lines = ["do = tl.load(DO + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
-        lines += [f"dc_{n} = 0.0" for n in coef_order]
+        lines += [f"dc_{n} = " + ("0.0" if n not in vectors else f"tl.zeros([B{vectors[n].upper()}], tl.float32)")
+                  for n in coef_order]
         f_lines, f_out, _ = _graph_lines(fvjp, "fb_", [f"w{i}" for i in range(n_w)], scal,
                                          {"x": ("q", "k"), "ct_y": ("do", "v")}, wdims)
         lines += f_lines
@@ -644,19 +660,16 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                     lines.append(f"dyv{i} = dy{i} + rprime{i} * dw{i}")
                 lines += [f"dupd{i} = dyv{i}", f"dw_dec{i} = tl.zeros_like(dw{i})"]
                 if r.kind != "bregman":
-                    lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dyv{i} * y_prev{i}, axis=1), axis=0)",
-                              f"dy{i} = c_alpha * dyv{i}"]
+                    lines += [dcoef("alpha", f"dyv{i} * y_prev{i}"), f"dy{i} = c_alpha * dyv{i}"]
                 else:
                     lines.append(f"dy{i} = dyv{i}")
             elif r.kind == "decay" and r.order == "post":
-                lines += [f"dupd{i} = dw{i}",
-                          f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw{i} * w_prev{i}, axis=1), axis=0)",
+                lines += [f"dupd{i} = dw{i}", dcoef("alpha", f"dw{i} * w_prev{i}"),
                           f"dw_dec{i} = c_alpha * dw{i}"]  # W_t = α W_{t-1} + upd; the gradient read W_{t-1}
             else:
                 lines += [f"dupd{i} = dw{i}", f"dw_dec{i} = dw{i}"]
             if mom:
-                lines += [f"dst{i} = ds{i} + dupd{i}",
-                          f"dc_theta = dc_theta + tl.sum(tl.sum(dst{i} * s_prev{i}, axis=1), axis=0)",
+                lines += [f"dst{i} = ds{i} + dupd{i}", dcoef("theta", f"dst{i} * s_prev{i}"),
                           f"dc_eta = dc_eta - tl.sum(tl.sum(dst{i} * grad{i}, axis=1), axis=0)",
                           f"dgrad{i} = -c_eta * dst{i}", f"ds{i} = c_theta * dst{i}"]
             else:
@@ -683,8 +696,7 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             if at_grad:
                 lines.append(f"da{i} = da{i} + {at_grad}" if mb else f"dw_dec{i} = dw_dec{i} + {at_grad}")
             if r.kind == "decay" and r.order == "pre":
-                lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec{i} * w_prev{i}, axis=1), axis=0)",
-                          f"dw{i} = c_alpha * dw_dec{i}"]
+                lines += [dcoef("alpha", f"dw_dec{i} * w_prev{i}"), f"dw{i} = c_alpha * dw_dec{i}"]
             else:  # post decay: already scaled; readouts: the read of R(y_{t-1}) reaches y at token t-1
                 lines.append(f"dw{i} = dw_dec{i}")
             if mb:
@@ -692,7 +704,10 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                           f"da{i} = tl.where(new_chunk, tl.zeros_like(da{i}), da{i})"]
         lines += [f"tl.store({_part_row('DQ', 'k')}, dq, mask=mk)", f"tl.store({_part_row('DK', 'k')}, dk, mask=mk)",
                   "tl.store(DV + (bh * T + t) * Nv + rv, dv, mask=mv)"]
-        lines += [f"tl.store(DC + (pid * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(coef_order)]
+        lines += [f"tl.store(DC + (pid * T + t) * NC + {j}, dc_{n})" for j, n in enumerate(scalars)]
+        for n, side in vectors.items():  # key channels: per-V-tile partial sums; value channels: this tile's rows
+            lines.append(f"tl.store({_part_row(f'DG_{n}', 'k')}, dc_{n}, mask=mk)" if side == "k" else
+                         f"tl.store(DG_{n} + (bh * T + t) * Nv + rv, dc_{n}, mask=mv)")
         return lines
 
     def batched_factor_reverse():
@@ -800,14 +815,14 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
             body.append(f"tl.store({tile(f'DY{i}_in', i)}, dy{i}, mask=mask{i})")
         if mom:
             body.append(f"tl.store({tile(f'DS{i}_in', i)}, ds{i}, mask=mask{i})")
-    ptrs = ["Q", "K", "V", "C", "DO"]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vectors], "DO"]
     for i in range(n_w):  # in the order of the state keys: W, A_W, S_W per weight
         ptrs += [f"W{i}_in", f"DW{i}_fin", f"DW{i}_in"]
         if store_acc:
             ptrs += [f"Y{i}_in", f"DY{i}_fin", f"DY{i}_in"]
         if mom:
             ptrs += [f"S{i}_in", f"DS{i}_fin", f"DS{i}_in"]
-    ptrs += [f"BUF_{n}" for n in state] + ["DQ", "DK", "DV", "DC"]
+    ptrs += [f"BUF_{n}" for n in state] + ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in vectors]]
     ptrs += [f"{b}{i}" for i in range(n_w) for b in ("FDL", "FX", "CTD", "CTX")]  # factor scratch (batched factors)
     sig = (", ".join(ptrs) + ", T, Nk, Nv, Ne, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
            "BE: tl.constexpr, BC: tl.constexpr")
@@ -1084,8 +1099,12 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
     Ne = _weight_shapes(Dk, Dv)[0][0] if len(WEIGHTS) > 1 else 1
     f32 = dict(dtype=torch.float32, device=q.device)
     do = grads_out[0]
-    coef = torch.stack([c.float() for c in coefs], dim=-1).contiguous()
-    args = [q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), coef, do.float().contiguous()]
+    named = dict(zip(_COEF_ORDER, coefs))
+    scalars = [n for n in _COEF_ORDER if n not in _VECTOR_COEFS]
+    coef = torch.stack([named[n].float() for n in scalars], dim=-1).contiguous() if scalars else \\
+        torch.zeros(B, H, T, 1, **f32)
+    args = [q.float().contiguous(), k.float().contiguous(), v.float().contiguous(), coef,
+            *[named[n].float().contiguous() for n in _VECTOR_COEFS], do.float().contiguous()]
     d_init = [torch.empty(s.shape, **f32) for s in state]
     for s, g, out in zip(state, grads_out[1:], d_init):
         args += [s.float().contiguous(), g.float().contiguous(), out]
@@ -1101,18 +1120,23 @@ def _launch_recurrent_bwd(q, k, v, coefs, state, grads_out):
         n_v = triton.cdiv(Dv, bv) if _V_TILES else 1
         # dq, dk and the coefficients' gradients sum over the value rows: each V tile writes its partial sums
         dq, dk = torch.empty(n_v, B, H, T, Dk, **f32), torch.empty(n_v, B, H, T, Dk, **f32)
-        dc = torch.empty(n_v, B, H, T, len(_COEF_ORDER), **f32)
-        _fused_recurrent_bwd[(n_v, B * H)](*args, dq, dk, dv, dc,
+        dc = torch.empty(n_v, B, H, T, max(1, len(scalars)), **f32)
+        # channel-wise: over key channels per-V-tile partial sums like dq; over value channels each tile's rows
+        dg = {n: torch.empty(n_v, B, H, T, Dk, **f32) if side == "k" else torch.empty(B, H, T, Dv, **f32)
+              for n, side in _VECTOR_COEFS.items()}
+        _fused_recurrent_bwd[(n_v, B * H)](*args, dq, dk, dv, dc, *dg.values(),
                                            *_factor_scratch(q, v, Ne, ("FDL", "FX", "CTD", "CTX"), n_v),
-                                           T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=len(_COEF_ORDER),
+                                           T, Dk, Dv, Ne, n_ck, n_ck + _BWD_SEGMENT, NC=max(1, len(scalars)),
                                            BK=max(low, triton.next_power_of_2(Dk)), BV=bv,
                                            BE=max(low, triton.next_power_of_2(Ne)), BC=_FACTOR_BLOCK or 16,
                                            num_warps=warps)
-        return dq, dk, dc
+        return dq, dk, dc, dg
 
-    dq, dk, dc = launch(_config_for("bwd", q, Dk, Dv, Ne, _TILES_BWD, launch))
+    dq, dk, dc, dg = launch(_config_for("bwd", q, Dk, Dv, Ne, _TILES_BWD, launch))
     dq, dk, dc = dq.sum(0), dk.sum(0), dc.sum(0)
-    dcoefs = [dc[..., j].to(c.dtype, copy=True) for j, c in enumerate(coefs)]  # copies: outputs may not alias
+    grads = {n: dc[..., j] for j, n in enumerate(scalars)}
+    grads.update({n: g.sum(0) if _VECTOR_COEFS[n] == "k" else g for n, g in dg.items()})
+    dcoefs = [grads[n].to(named[n].dtype, copy=True) for n in _COEF_ORDER]  # copies: outputs may not alias
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dcoefs, [g.to(s.dtype) for g, s in zip(d_init, state)]
 
 
