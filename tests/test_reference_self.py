@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from reference import (
+    GATE_OF_ROLE,
     REF_CONFIGS,
     declared_gates,
     make_inputs,
@@ -65,8 +66,10 @@ def test_make_inputs_and_state(name):
     assert set(g) == declared_gates(cfg)
     torch.testing.assert_close(q.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
     torch.testing.assert_close(k.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
+    channels = {GATE_OF_ROLE[role]: cfg[section][role] for section in ("bias", "retention", "learner")
+                for role in GATE_OF_ROLE if role in cfg[section]}
     for name_, x in g.items():
-        assert x.shape == (2, 5, 2)
+        assert x.shape == ((2, 5, 2) if channels[name_] == "gate" else (2, 5, 2, 4))  # Dk = Dv = 4
         assert (x > 0).all() or name_ == "theta"
         if name_ == "alpha":
             assert (x <= 1).all()
