@@ -29,7 +29,10 @@ Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Trit
 update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
 and mini-batch l2 — with none/decay retention. One set of four kernels serves all three (a state scan
 over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
-only in the chunk-local torch preparation (`chunk_family`), which autograd differentiates.
+only in the chunk-local torch preparation (`chunk_family`), which autograd differentiates. A decay over
+key channels (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same five kernels with the
+log-decay per key channel: the chunk-parallel ones take one 16-row sub-block per program and never
+evaluate an exponent above 0; lr=gate(k) only scales the written key in the preparation.
 """
 
 from __future__ import annotations
