@@ -130,3 +130,49 @@ def test_bf16_inputs():
     reference on the unrounded inputs: the error, about 5e-3 on the interpreter, is the rounding of the
     inputs, outputs and gradients to bf16 (8 bits of mantissa); the bound leaves room for tf32 dots."""
     compare("kda", (1, 37, 1, 16, 12), chunk=16, dtype=torch.bfloat16, tol=2e-2)
+
+
+@pytest.mark.parametrize("name", ["hgrn2", "kda"])
+def test_packed_sequences_in_one_launch(name):
+    """cu_seqlens on the channel-decay chunk kernels: padding tokens are no-ops (η = 0, α = 1 on every
+    channel); equal to each sequence run alone on the torch recurrence, outputs, states and gradients."""
+    mod = module(name)
+    cfg = CASES[name][1]
+    cu = [0, 5, 5, 23, 40]  # includes an empty sequence
+    q, k, v, gates = make_inputs(cfg, 1, cu[-1], 2, 16, 8, torch.float32, seed=1)
+    state = {"W": 0.3 * torch.randn(len(cu) - 1, 2, 8, 16, generator=torch.Generator().manual_seed(0))}
+    leaves = [v, *gates.values()]
+    for x in leaves:
+        x.requires_grad_(True)
+    assert mod._packed_on_chunk_kernels(q, v, "triton", "auto", 16)  # the one-launch path, not a loop
+    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", cu_seqlens=cu, chunk_size=16)
+    outs = []
+    for i, (a, b) in enumerate(zip(cu, cu[1:])):
+        o_i, f_i = mod.apply(q[:, a:b], k[:, a:b], v[:, a:b], {n: x[:, a:b] for n, x in gates.items()},
+                             state={"W": state["W"][i:i + 1]}, backend="torch", algorithm="recurrent")
+        if a < b:
+            assert rel(o[:, a:b], o_i) < 1e-5
+            outs.append(o_i)
+        assert rel(final["W"][i:i + 1], f_i["W"]) < 1e-5
+    assert torch.equal(final["W"][1], state["W"][1])
+    grads = torch.autograd.grad(o.square().sum(), leaves)
+    ref = torch.autograd.grad(torch.cat(outs, dim=1).square().sum(), leaves)
+    for a, b in zip(grads, ref):
+        assert rel(a, b) < 1e-5
+
+
+def test_chunk_op_compiles_without_graph_breaks():
+    """The channel-decay variant is the same registered custom op (fake implementations, autograd)."""
+    from test_triton_recurrent import assert_compiled_matches_eager
+
+    mod = module("gla")
+    q, k, v, gates = make_inputs(CASES["gla"][1], 1, 20, 2, 16, 16, torch.float32, seed=1)
+    state = {"W": 0.3 * torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))}
+    for t in (q, k, v, *gates.values()):
+        t.requires_grad_(True)
+
+    def run(q, k, v, gates, state):
+        o, final = mod.apply(q, k, v, gates, state=state, backend="triton", chunk_size=16)
+        return o, final["W"]
+
+    assert_compiled_matches_eager(run, q, k, v, gates, state)
