@@ -27,6 +27,9 @@ CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
     ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    # the variants with a decay over key channels (16-row sub-blocks, g per channel)
+    ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
     ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
