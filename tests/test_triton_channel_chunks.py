@@ -118,6 +118,13 @@ def test_default_chunk_several_tiles(name):
     compare(name, (1, 40, 1, 24, 20), chunk=None)
 
 
+@pytest.mark.parametrize("name", ["hgrn2", "delta_post_key"])
+@pytest.mark.parametrize("shape,chunk", [((1, 1, 1, 8, 8), 16), ((2, 20, 1, 8, 5), 5)], ids=["T1", "Dk8_Dv5_chunk5"])
+def test_small_shapes(name, shape, chunk):
+    """T = 1; Dk = 8 below tl.dot's 16 (padded lanes) with a chunk of 5 (one zero-padded 16-row tile)."""
+    compare(name, shape, chunk=chunk)
+
+
 @pytest.mark.parametrize("name", ["gla", "kda", "delta_post_key"])
 def test_small_alpha_is_stable(name):
     """α ∈ (0.05, 0.3): within a 32-row tile the cumulative decay reaches e^{-90}; nothing overflows."""
