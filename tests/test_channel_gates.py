@@ -199,11 +199,38 @@ def test_triton_recurrent_matches_reference(name):
         assert rel(final[key], s_ref[key]) < 1e-4, (key, rel(final[key], s_ref[key]))
     for key, want in g_ref.items():
         assert rel(grads[key], want) < 1e-4, (f"d/d{key}", rel(grads[key], want))
-    if mod.CHUNKED:  # the chunk kernels take one decay per head: a chunked Triton request says so
+    if mod.CHUNKED and name not in TRITON_CHUNKED:  # value-side gates: a chunked Triton request says so
         q, k, v, gates, state = case(name)
         with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
             triton_chunked = {n: x.float() for n, x in gates.items()}
             mod.apply(q.float(), k.float(), v.float(), triton_chunked, backend="triton", algorithm="chunked")
+
+
+# The cases the chunked Triton kernels take (a decay over key channels and/or lr=gate(k); hebbian and delta
+# families); every other case with a chunked form has value-side gates, θ or a mini-batch and refuses.
+TRITON_CHUNKED = {"gla", "hgrn_like", "kda", "delta_key_lr", "longhorn_channel_decay"}
+
+
+@pytest.mark.parametrize("name", sorted(TRITON_CHUNKED))
+def test_triton_chunked_matches_reference(name):
+    """The chunked Triton kernels (interpreted here; tests/test_triton_channel_chunks.py covers more shapes):
+    float32 against the float64 reference, chunk 8 not dividing T."""
+    pytest.importorskip("triton")
+    mod, (o_ref, s_ref, g_ref) = module(name), reference(name)
+    assert mod.CHUNKED and mod._CHUNK_OP is not None
+
+    def fn(q, k, v, gates, state):
+        o, final = mod.apply(q.float(), k.float(), v.float(), {n: g.float() for n, g in gates.items()},
+                             state={n: x.float() for n, x in state.items()}, backend="triton",
+                             algorithm="chunked", chunk_size=CHUNK)
+        return o.double(), {n: x.double() for n, x in final.items()}
+
+    o, final, grads = run(name, fn)
+    assert rel(o, o_ref) < 1e-4, rel(o, o_ref)
+    for key in s_ref:
+        assert rel(final[key], s_ref[key]) < 1e-4, (key, rel(final[key], s_ref[key]))
+    for key, want in g_ref.items():
+        assert rel(grads[key], want) < 1e-4, (f"d/d{key}", rel(grads[key], want))
 
 
 @pytest.mark.parametrize("name", ["kda", "mlp_value_lr"])

@@ -27,6 +27,9 @@ CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
     ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    # the variants with a decay over key channels (16-row sub-blocks, g per channel)
+    ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
     ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
@@ -38,6 +41,8 @@ KERNELS = {"chunked": {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local
                        "_chunk_grads_bwd"},
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
+# the delta family with a key-channel decay also launches the kernels of its chunk-local scores
+EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}}
 
 
 def _nvidia_tools_present():
@@ -70,7 +75,7 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
     names = {r["kernel"] for r in rows}
     assert names, "no kernel was launched"
     if algorithm:
-        assert names == (MINIBATCH_KERNELS if spec == "titans" else KERNELS[algorithm])
+        assert names == (MINIBATCH_KERNELS if spec == "titans" else KERNELS[algorithm] | EXTRA_KERNELS.get(spec, set()))
     for r in rows:
         if r["kept"] is False:
             continue

@@ -19,6 +19,8 @@ SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0)}
 # The linear memories the kernels cover; every other parametric spec must say it has none (below).
 CHUNK_SPECS = ["deltanet", "gated_deltanet", "linear_attention", "longhorn", "mamba2", "retnet", "ttt_linear"]
+# with a decay over key channels (alpha=gate(k)): tests/test_triton_channel_chunks.py
+CHANNEL_CHUNK_SPECS = ["gla", "hgrn2", "kda"]
 VARIANTS = {
     # delta rule with the decay after the step (the gradient sees W_{t-1}, not α_t W_{t-1})
     "delta_post_decay": "memory = linear\nbias = l2\nretention = decay(alpha=gate, order=post)\nlearner = gd(lr=gate)",
@@ -100,7 +102,7 @@ def test_which_specs_have_chunked_kernels():
     """The covered set is what the issue asks for; every other parametric spec says why it has none."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras")
                   if hasattr(mirasc.compile_spec(p), "_chunked_triton"))
-    assert have == CHUNK_SPECS
+    assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS)
 
 
 def test_triton_default_is_the_chunked_kernel():

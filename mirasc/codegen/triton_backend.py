@@ -29,7 +29,10 @@ Chunked kernels (templates/triton_chunked.py.tmpl), forward and backward in Trit
 update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit step, exact)
 and mini-batch l2 — with none/decay retention. One set of four kernels serves all three (a state scan
 over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
-only in the chunk-local torch preparation (`chunk_family`), which autograd differentiates.
+only in the chunk-local torch preparation (`chunk_family`), which autograd differentiates. A decay over
+key channels (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same five kernels with the
+log-decay per key channel: the chunk-parallel ones take one 16-row sub-block per program and never
+evaluate an exponent above 0; lr=gate(k) only scales the written key in the preparation.
 """
 
 from __future__ import annotations
@@ -336,15 +339,21 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
 
     All three share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
     differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
-    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor)."""
+    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor).
+    Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
+    take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
+    the hebbian and delta families. Value-side gates (alpha=gate(v), lr=gate(v)), channel-wise θ and the
+    mini-batch family with channel gates run on the recurrent kernel only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or r.kind not in ("none", "decay") or spec.channel_gates:
-        return None  # (channel-wise decays: the recurrent kernel only; the chunk kernels take one decay per head)
+    if m.kind != "linear" or r.kind not in ("none", "decay"):
+        return None
+    if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
+        return None  # value-side gates: the recurrent kernel only
     if b.kind == "dot" and l.kind == "gd":
         return "hebbian"
     if b.kind == "l2" and chunk_kind == "delta":
         return "delta"
-    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
+    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd" and not spec.channel_gates:
         return "minibatch"
     return None
 
@@ -352,9 +361,11 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
 def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
     """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family."""
     r = spec.retention
+    sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
-             "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch"}
+             "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
+             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
 
