@@ -89,6 +89,10 @@ def test_mlp_memories_get_their_family_defaults():
     titans = (root / "titans.miras").read_text()
     own = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { alpha_min = 0.5 }"))
     assert own.LAYER_DEFAULTS["alpha_min"] == 0.5
+    # the canonical text writes out the values in force, family defaults included, so it compiles to the same Layer
+    block = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { conv = 2 }"))
+    assert block.LAYER_DEFAULTS["alpha_min"] == 0.999 and block.LAYER_DEFAULTS["conv"] == 2
+    assert mirasc.compile_spec(block.SPEC).LAYER_DEFAULTS == block.LAYER_DEFAULTS
     torch.manual_seed(0)
     alpha = mirasc.compile_spec(root / "titans.miras").Layer(16, 2, alpha_min=0.0)._project(x)[3]["alpha"]
     assert abs(alpha.mean().item() - torch.sigmoid(torch.tensor(3.0)).item()) < 0.02
