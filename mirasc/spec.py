@@ -277,8 +277,9 @@ class Spec(BaseModel):
         lines = [f"model {self.name} {{"]
         for field in FIELDS:
             lines.append(f"    {field:<9} = {form_text(getattr(self, field))}")
-        if self.layer != LayerOptions():  # the values in force (family defaults included), so the text round-trips
-            opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer_defaults().items())
+        given = self.layer.model_fields_set  # only the options the block sets: the others follow the family defaults
+        if given:
+            opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p in given)
             lines.append(f"    layer {{ {opts} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"

@@ -89,10 +89,13 @@ def test_mlp_memories_get_their_family_defaults():
     titans = (root / "titans.miras").read_text()
     own = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { alpha_min = 0.5 }"))
     assert own.LAYER_DEFAULTS["alpha_min"] == 0.5
-    # the canonical text writes out the values in force, family defaults included, so it compiles to the same Layer
-    block = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { conv = 2 }"))
-    assert block.LAYER_DEFAULTS["alpha_min"] == 0.999 and block.LAYER_DEFAULTS["conv"] == 2
-    assert mirasc.compile_spec(block.SPEC).LAYER_DEFAULTS == block.LAYER_DEFAULTS
+    # the canonical text keeps the options the block sets (and only those), so it compiles to the same Layer
+    for opts, floor in (("conv = 2", 0.999), ("alpha_min = 0", 0.0)):
+        text = titans.replace("minibatch(64)", f"minibatch(64)\n    layer {{ {opts} }}")
+        block = mirasc.compile_spec(text)
+        assert block.LAYER_DEFAULTS["alpha_min"] == floor, opts
+        assert mirasc.compile_spec(block.SPEC).LAYER_DEFAULTS == block.LAYER_DEFAULTS, opts
+        assert mirasc.parse_text(block.SPEC) == mirasc.parse_text(text), opts
     torch.manual_seed(0)
     alpha = mirasc.compile_spec(root / "titans.miras").Layer(16, 2, alpha_min=0.0)._project(x)[3]["alpha"]
     assert abs(alpha.mean().item() - torch.sigmoid(torch.tensor(3.0)).item()) < 0.02
