@@ -10,7 +10,9 @@ What is held equal across rows ("equal state size" in the sense of the issue):
 - the model: d_model, number of blocks, number of heads and head_dim = d_model / heads, so every memory
   reads and writes the same q, k, v ∈ R^head_dim per head; the Layer around the memory op (projections,
   short causal conv 4, ℓ2-normalised q/k, low-rank gates, per-head RMS norm, output gate — the defaults
-  of every spec, none of these specs has a `layer` block), the SwiGLU MLPs and the tied byte embeddings;
+  of every spec, none of these specs has a `layer` block; MLP memories get their family's defaults, a
+  retention-gate floor alpha_min = 0.999 and Huber δ from softplus(8), see docs/module-api.md), the SwiGLU
+  MLPs and the tied byte embeddings;
 - the training: AdamW, peak lr, warm-up + cosine schedule, gradient clipping, steps, batch size and
   the exact same stream of generated MQAR batches (same seeds), loss on the query positions only;
 - the evaluation: the same held-out MQAR examples at every length (kv pairs scale with the length).

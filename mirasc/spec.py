@@ -186,13 +186,27 @@ class LayerOptions(Form):
     conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
     gate_rank: Annotated[int, Field(ge=0, le=1024)] = 16  # low-rank gate projections (0: full rank)
     eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
-    # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95. MLP memories learn MQAR far better
-    # starting near 1 (7 gives 0.999): decay shrinks their whole feature map (benchmarks/RESULTS.md)
+    # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95 (MLP memories: see MLP_LAYER_DEFAULTS)
     alpha_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0
+    # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
+    alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
+    theta_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0   # momentum θ = sigmoid(theta_bias + ·) at init
+    delta_bias: Annotated[float, Field(ge=-20, le=100)] = 0.5  # Huber δ = softplus(delta_bias + ·) at init
     qk_norm: Literal["l2", "none"] = "l2"
     out_norm: Literal["rms", "none"] = "rms"
     out_gate: bool = True
     head_dim: Annotated[int, Field(ge=0, le=4096)] = 0     # 0: d_model // num_heads
+
+
+# Layer defaults that differ for MLP memories, chosen by measurement (benchmarks/RESULTS.md, "MQAR recipes for
+# MLP memories (issue 11)"). A retention gate that decays an MLP memory shrinks the network that computes every
+# key's features, not only old associations, so its α is kept within [alpha_min, 1] (≥ 94% of the map kept over
+# a 64-token mini-batch). The error of an MLP memory with a LayerNorm has norm ≈ √head_dim (≈ 6 at head_dim 32)
+# at the start, far above the Huber threshold δ ≈ 1 of the linear default, where the update is δ·sign(e), whose
+# sign the memory's own output sets, not v; δ starts at softplus(8) ≈ 8 (the l2 regime) and is learned from
+# there. A spec's own `layer { ... }` block wins.
+MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 8.0}
 
 
 def params_of(cls: type[Form]) -> list[str]:
@@ -210,6 +224,18 @@ class Spec(BaseModel):
     layer: LayerOptions = LayerOptions()
 
     # ------------------------------------------------------------------ derived facts
+    def layer_defaults(self) -> dict[str, Any]:
+        """The defaults of this spec's Layer: the `layer { ... }` block over the family defaults (MLP memories:
+        `MLP_LAYER_DEFAULTS`; memories that are not parametric read raw q, k unless the spec asks for qk_norm)."""
+        out = {p: v for p, v in self.layer if p != "kind"}
+        given = self.layer.model_fields_set
+        family = dict(MLP_LAYER_DEFAULTS) if self.memory.kind == "mlp" else {}
+        if not self.parametric:
+            # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
+            family["qk_norm"] = "none"
+        out.update({p: v for p, v in family.items() if p not in given})
+        return out
+
     @property
     def parametric(self) -> bool:
         return self.memory.kind != "nonparametric"
@@ -266,8 +292,9 @@ class Spec(BaseModel):
         lines = [f"model {self.name} {{"]
         for field in FIELDS:
             lines.append(f"    {field:<9} = {form_text(getattr(self, field))}")
-        if self.layer != LayerOptions():
-            opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p != "kind")
+        given = self.layer.model_fields_set  # only the options the block sets: the others follow the family defaults
+        if given:
+            opts = "; ".join(f"{p} = {format_value(v)}" for p, v in self.layer if p in given)
             lines.append(f"    layer {{ {opts} }}")
         lines.append("}")
         return "\n".join(lines) + "\n"

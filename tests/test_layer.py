@@ -56,17 +56,49 @@ def test_layer_block_sets_defaults():
 
 
 def test_alpha_bias_sets_the_initial_decay():
-    """layer { alpha_bias = 7 } (or Layer(..., alpha_bias=7)) starts the α gate at σ(7) ≈ 0.999; default σ(3)."""
+    """layer { alpha_bias = 7 } (or Layer(..., alpha_bias=7)) starts the α gate at σ(7) ≈ 0.999; default σ(3)
+    (with the MLP memory's floor alpha_min turned off)."""
     path = Path(__file__).resolve().parents[1] / "specs" / "titans.miras"
     text = path.read_text().replace("minibatch(64)", "minibatch(64)\n    layer { alpha_bias = 7 }")
     x = torch.randn(2, 9, 16)
     for mod, kw, want in ((mirasc.compile_spec(text), {}, 7.0), (mirasc.compile_spec(path), {}, 3.0),
                           (mirasc.compile_spec(path), {"alpha_bias": 7.0}, 7.0)):
         torch.manual_seed(0)
-        layer = mod.Layer(16, 2, **kw)
+        layer = mod.Layer(16, 2, alpha_min=0.0, **kw)
         alpha = layer._project(x)[3]["alpha"]
         assert abs(alpha.mean().item() - torch.sigmoid(torch.tensor(want)).item()) < 0.02, (kw, want)
     assert mirasc.compile_spec(text).LAYER_DEFAULTS["alpha_bias"] == 7.0
+
+
+def test_mlp_memories_get_their_family_defaults():
+    """MLP memories start with the retention gate floored at alpha_min = 0.999 and the Huber threshold at
+    softplus(8) (benchmarks/RESULTS.md, "MQAR recipes for MLP memories"); linear memories keep α = σ(·) and
+    δ = softplus(0.5); a spec's layer block and Layer(...) win."""
+    root = Path(__file__).resolve().parents[1] / "specs"
+    x = torch.randn(2, 9, 16)
+    for name, floor in (("titans", 0.999), ("yaad", 0.999), ("gated_deltanet", 0.0), ("mamba2", 0.0)):
+        mod = mirasc.compile_spec(root / f"{name}.miras")
+        assert mod.LAYER_DEFAULTS["alpha_min"] == floor, name
+        assert mod.LAYER_DEFAULTS["alpha_bias"] == 3.0, name
+        assert mod.LAYER_DEFAULTS["delta_bias"] == (8.0 if floor else 0.5), name
+        torch.manual_seed(0)
+        alpha = mod.Layer(16, 2)._project(x)[3]["alpha"]
+        assert alpha.min().item() >= floor, name
+        want = floor + (1 - floor) * torch.sigmoid(torch.tensor(3.0)).item()
+        assert abs(alpha.mean().item() - want) < 0.02 * (1 - floor), (name, alpha.mean().item(), want)
+    titans = (root / "titans.miras").read_text()
+    own = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { alpha_min = 0.5 }"))
+    assert own.LAYER_DEFAULTS["alpha_min"] == 0.5
+    # the canonical text keeps the options the block sets (and only those), so it compiles to the same Layer
+    for opts, floor in (("conv = 2", 0.999), ("alpha_min = 0", 0.0)):
+        text = titans.replace("minibatch(64)", f"minibatch(64)\n    layer {{ {opts} }}")
+        block = mirasc.compile_spec(text)
+        assert block.LAYER_DEFAULTS["alpha_min"] == floor, opts
+        assert mirasc.compile_spec(block.SPEC).LAYER_DEFAULTS == block.LAYER_DEFAULTS, opts
+        assert mirasc.parse_text(block.SPEC) == mirasc.parse_text(text), opts
+    torch.manual_seed(0)
+    alpha = mirasc.compile_spec(root / "titans.miras").Layer(16, 2, alpha_min=0.0)._project(x)[3]["alpha"]
+    assert abs(alpha.mean().item() - torch.sigmoid(torch.tensor(3.0)).item()) < 0.02
 
 
 def test_layer_float32_chunked_matches_recurrent():

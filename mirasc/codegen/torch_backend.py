@@ -25,11 +25,7 @@ LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
 def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     """The Layer class shared by every emitted module (it only calls the module's own functions)."""
     positive = d.positive_domain  # kl, or a Bregman potential defined on w > 0
-    defaults = {p: v for p, v in spec.layer if p != "kind"}
-    if not spec.parametric and "qk_norm" not in spec.layer.model_fields_set:
-        # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform
-        # attention. Softmax-type memories keep raw q, k unless the spec asks otherwise.
-        defaults["qk_norm"] = "none"
+    defaults = spec.layer_defaults()  # the layer block over the family defaults (MLP memories, attention)
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
