@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import make_inputs, make_state, reference_apply
+from reference import REF_CONFIGS, make_inputs, make_state, reference_apply
 
 import mirasc
 
@@ -18,15 +18,10 @@ f64 = torch.float64
 LIN = dict(kind="linear")
 
 CASES = {
-    "gla": ("specs/gla.miras",
-            dict(memory=LIN, bias=dict(kind="dot"), retention=dict(kind="decay", alpha="gate(k)"),
-                 learner=dict(kind="gd", lr=1.0), parallel=None)),
-    "hgrn2": ("specs/hgrn2.miras",
-              dict(memory=LIN, bias=dict(kind="dot"), retention=dict(kind="decay", alpha="gate(k)"),
-                   learner=dict(kind="gd", lr="gate(k)"), parallel=None)),
-    "kda": ("specs/kda.miras",
-            dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate(k)", order="pre"),
-                 learner=dict(kind="gd", lr="gate"), parallel=None)),
+    # the bundled specs take their reference configuration from tests/reference.py
+    "gla": ("specs/gla.miras", REF_CONFIGS["gla"]),
+    "hgrn2": ("specs/hgrn2.miras", REF_CONFIGS["hgrn2"]),
+    "kda": ("specs/kda.miras", REF_CONFIGS["kda"]),
     "delta_post_key": ("memory = linear; bias = l2; retention = decay(alpha=gate(k), order=post); "
                        "learner = gd(lr=gate(k))",
                        dict(memory=LIN, bias=dict(kind="l2"),
