@@ -47,17 +47,16 @@ from .. import ir
 from .. import spec as S
 from ..derive import Derivation
 from .printers import TritonPrinter, print_triton_block
-
-
-class Unsupported(Exception):
-    pass
-
+from .triton_printing import BLOCK, SIZE, Unsupported, tile_matmul  # noqa: F401 (re-exported)
+from .triton_printing import graph_lines as _graph_lines
+from .triton_printing import part_row as _part_row
+from .triton_printing import part_rows as _part_rows
+from .triton_printing import ring_row as _ring_row
+from .triton_printing import ring_rows as _ring_rows
+from .triton_printing import row as _row
+from .triton_printing import rows as _rows
 
 BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
-
-
-BLOCK = {"k": "BK", "v": "BV", "e": "BE"}  # the block (padded size) of each dimension name
-SIZE = {"k": "Nk", "v": "Nv", "e": "Ne"}  # the runtime size of each dimension name
 
 
 def batched_factors(spec: S.Spec) -> int:
@@ -67,15 +66,6 @@ def batched_factors(spec: S.Spec) -> int:
     if spec.channel_gates:  # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles)
         return 0
     return C if C >= 16 and C & (C - 1) == 0 else 0
-
-
-def tile_matmul(precision: str):
-    """The `matmul` printer of `_graph_lines` for [BC, n] token tiles: layer/linear (h ↦ h Wᵀ) and
-    linear_t (d ↦ d W) as tl.dot; `precision` is the Triton expression for its input_precision."""
-    def matmul(op, i, w, h):
-        rhs = f"tl.trans({w})" if op in ("layer", "linear") else w
-        return f"tl.dot({h}, {rhs}, input_precision={precision})"
-    return matmul
 
 
 _tile_matmul = tile_matmul('"ieee"')  # the recurrent kernels' batched factors: full fp32 products
@@ -91,38 +81,6 @@ def _chunk_tiles(coef_order: list[str]) -> list[str]:
     lines += [f"cc_{n} = tl.load(C + (bh * T + ctok) * NC + {j}, mask=cm, other=1.0)[:, None]"
               for j, n in enumerate(coef_order)]
     return lines
-
-
-def _row(base: str, dim: str, tok: str = "t") -> str:
-    """Pointer to row `tok` of a [B·H, T, N_dim] scratch buffer."""
-    return f"{base} + (bh * T + {tok}) * {SIZE[dim]} + r{dim}"
-
-
-def _rows(base: str, dim: str) -> str:
-    """Pointers to rows ctok of a [B·H, T, N_dim] scratch buffer."""
-    return f"{base} + (bh * T + ctok[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
-
-
-def _part_row(base: str, dim: str, tok: str = "t") -> str:
-    """Pointer to row `tok` of this program's slice of a [NV, B·H, T, N_dim] buffer of per-V-tile partial
-    sums (program pid = iv·B·H + bh; the launcher sums over the NV tiles)."""
-    return f"{base} + (pid * T + {tok}) * {SIZE[dim]} + r{dim}"
-
-
-def _part_rows(base: str, dim: str) -> str:
-    """Pointers to rows ctok of this program's slice of a [NV, B·H, T, N_dim] partial-sum buffer."""
-    return f"{base} + (pid * T + ctok[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
-
-
-def _ring_row(base: str, dim: str) -> str:
-    """Pointer to token t's row of this program's ring of BC rows in a [NV·B·H, BC, N_dim] buffer (the
-    factor cotangents of the mini-batch the reverse walk is in; read back at the mini-batch start)."""
-    return f"{base} + (pid * BC + t % BC) * {SIZE[dim]} + r{dim}"
-
-
-def _ring_rows(base: str, dim: str) -> str:
-    """All BC rows of this program's ring (at a mini-batch start t % BC == 0, row j is token t + j)."""
-    return f"{base} + (pid * BC + rc[:, None]) * {SIZE[dim]} + r{dim}[None, :]"
 
 
 # ---- V tiles: which specs' recurrent kernels split the rows of the memory over programs
@@ -231,104 +189,6 @@ def _factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[
         lines += ["    " + ln for ln in _chunk_factor_lines(grad, wdims, coef_order, at)]
     g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(len(wdims)) for n in ("delta", "input")}
     return lines + _load_factors(wdims), g_out
-
-
-def _graph_lines(gr: ir.Graph, prefix: str, weights: list[str], scalars: dict[str, str], inputs: dict[str, str],
-                 dims_of_weight: list[tuple[str, str]],
-                 matmul=None) -> tuple[list[str], dict[str, str], dict[str, str]]:
-    """Print an IR graph as straight-line Triton code. Returns (lines, outputs, dims).
-
-    Without `matmul`: one token, vectors are 1-D tiles and per-token scalars are scalars. With
-    `matmul(op, i, weight, h)` (a Triton expression for layer/linear/linear_t on weight i): a block of
-    BC tokens, vectors are [BC, n] tiles, per-token scalars [BC, 1], reductions run along axis 1."""
-    tile = matmul is not None
-    names, dims, lines, outputs = {}, {}, [], {}
-
-    def red(x):  # a reduction over a vector's lanes
-        return f"tl.sum({x}, axis=1)[:, None]" if tile else f"tl.sum({x}, axis=0)"
-
-    def lanes(n):  # the mask of a dimension's real (unpadded) lanes
-        return f"m{n}[None, :]" if tile else f"m{n}"
-
-    for nid in gr.order():
-        op, srcs = gr.node(nid), gr.srcs(nid)
-        a = [names[s] for s in srcs]
-        da = [dims[s] for s in srcs]
-        var = f"{prefix}{op.name}"
-        if op.op == "input":
-            if op.arg in inputs:
-                names[nid], dims[nid] = inputs[op.arg]
-            else:
-                names[nid], dims[nid] = scalars[op.arg], "s"
-            continue
-        if op.op == "weight":
-            names[nid], dims[nid] = weights[op.arg], "w"
-            continue
-        if op.op == "output":
-            outputs[op.arg] = a[0]
-            continue
-        if op.op in ("linear", "layer"):
-            w, h = (weights[op.arg], a[0]) if op.op == "layer" else (a[0], a[1])
-            lines.append(f"{var} = {matmul(op.op, op.arg, w, h)}" if tile else
-                         f"{var} = tl.sum({w} * {h}[None, :], axis=1)")
-            dims[nid] = dims_of_weight[op.arg][0]
-        elif op.op == "linear_t":
-            lines.append(f"{var} = {matmul(op.op, op.arg, a[0], a[1])}" if tile else
-                         f"{var} = tl.sum({a[0]} * {a[1]}[:, None], axis=0)")
-            dims[nid] = dims_of_weight[op.arg][1]
-        elif op.op == "ew":
-            expr, syms = op.arg
-            tensor_dims = [d for d in da if d != "s"]
-            dim = tensor_dims[0] if tensor_dims else "v"
-            if not srcs:
-                full = f"tl.full([BC, {BLOCK[dim]}], {float(expr)!r}, tl.float32)" if tile else repr(float(expr))
-                lines.append(f"{var} = tl.where({lanes(dim)}, {full}, 0.0)")
-            else:
-                lines += print_triton_block({var: expr}, dict(zip(syms, a)), prefix=f"_{var}_")
-                if tensor_dims:  # keep padded lanes at zero
-                    lines.append(f"{var} = tl.where({lanes(dim)}, {var}, 0.0)")
-            dims[nid] = dim
-        elif op.op == "rownorm":
-            lines.append(f"{var} = tl.sqrt({red(f'{a[0]} * {a[0]}')})")
-            dims[nid] = "s"
-        elif op.op == "rowsumsq":
-            lines.append(f"{var} = {red(f'{a[0]} * {a[0]}')}")
-            dims[nid] = "s"
-        elif op.op == "rowsum":
-            lines.append(f"{var} = {red(a[0])}")
-            dims[nid] = "s"
-        elif op.op == "layernorm":
-            n = da[0]
-            lines += [f"{var}_c = tl.where({lanes(n)}, {a[0]} - {red(a[0])} / N{n}, 0.0)",
-                      f"{var} = {var}_c * tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)"]
-            dims[nid] = n
-        elif op.op == "layernorm_bwd2":  # ∂/∂z ⟨g, LN'(z)ᵀ dy⟩, with c = z - mean z, r = rstd, a = dy - mean dy
-            n = da[0]
-            z, dy, g = a
-            lines += [f"{var}_c = tl.where({lanes(n)}, {z} - {red(z)} / N{n}, 0.0)",
-                      f"{var}_r = tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)",
-                      f"{var}_a = tl.where({lanes(n)}, {dy} - {red(dy)} / N{n}, 0.0)",
-                      f"{var}_mac = {red(f'{var}_a * {var}_c')} / N{n}",
-                      f"{var}_ga = {red(f'{g} * {var}_a')}",
-                      f"{var}_gc = {red(f'{g} * {var}_c')}",
-                      f"{var}_r3 = {var}_r * {var}_r * {var}_r",
-                      f"{var}_x = {var}_r3 * ((3.0 * {var}_r * {var}_r * {var}_mac * {var}_gc - {var}_ga) * {var}_c "
-                      f"/ N{n} - {var}_gc * {var}_a / N{n} - {var}_mac * {g})",
-                      f"{var}_x = tl.where({lanes(n)}, {var}_x, 0.0)",
-                      f"{var} = tl.where({lanes(n)}, {var}_x - {red(f'{var}_x')} / N{n}, 0.0)"]
-            dims[nid] = n
-        elif op.op == "layernorm_bwd":
-            n = da[0]
-            lines += [f"{var}_c = tl.where({lanes(n)}, {a[0]} - {red(a[0])} / N{n}, 0.0)",
-                      f"{var}_r = tl.rsqrt({red(f'{var}_c * {var}_c')} / N{n} + 1e-5)",
-                      f"{var}_h = {var}_c * {var}_r",
-                      f"{var} = tl.where({lanes(n)}, {var}_r * ({a[1]} - {red(a[1])} / N{n} - {var}_h * "
-                      f"{red(f'{a[1]} * {var}_h')} / N{n}), 0.0)"]
-            dims[nid] = n
-        else:
-            raise Unsupported(f"no Triton printer for IR op {op.op}")
-        names[nid] = var
-    return lines, outputs, dims
 
 
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
