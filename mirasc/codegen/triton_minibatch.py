@@ -41,7 +41,8 @@ from .. import ir
 from .. import spec as S
 from ..derive import Derivation
 from . import triton_minibatch_stream as stream
-from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul
+from .triton_printing import BLOCK, SIZE, Unsupported, tile_matmul
+from .triton_printing import graph_lines as _graph_lines
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
 

@@ -66,7 +66,7 @@ from contextlib import contextmanager
 
 from .. import ir
 from .printers import print_triton_block
-from .triton_backend import SIZE, Unsupported
+from .triton_printing import SIZE, Unsupported
 
 TILE = {"k": "TK", "v": "TV", "e": "TE"}
 AR = {"k": "tk", "v": "tv", "e": "te"}

@@ -1,0 +1,56 @@
+"""The chunked Triton kernel families (templates/triton_chunked.py.tmpl), forward and backward: linear
+memories whose update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit
+step, exact) and mini-batch l2 — with none/decay retention. One set of kernels serves all three (a state
+scan over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
+only in the chunk-local torch preparation, which autograd differentiates. A decay over key channels
+(alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same kernels with the log-decay per key channel:
+the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
+lr=gate(k) only scales the written key in the preparation.
+
+Nothing here is printed from the IR: the kernels are fixed text, selected by template flags.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .. import spec as S
+
+CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
+
+
+def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
+    """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
+
+    All three share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
+    differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
+    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor).
+    Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
+    take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
+    the hebbian and delta families. Value-side gates (alpha=gate(v), lr=gate(v)), channel-wise θ and the
+    mini-batch family with channel gates run on the recurrent kernel only."""
+    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
+    if m.kind != "linear" or r.kind not in ("none", "decay"):
+        return None
+    if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
+        return None  # value-side gates: the recurrent kernel only
+    if b.kind == "dot" and l.kind == "gd":
+        return "hebbian"
+    if b.kind == "l2" and chunk_kind == "delta":
+        return "delta"
+    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd" and not spec.channel_gates:
+        return "minibatch"
+    return None
+
+
+def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
+    """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family."""
+    r = spec.retention
+    sides = spec.gate_channels()
+    flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
+             "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
+             "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
+             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k"}
+    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)

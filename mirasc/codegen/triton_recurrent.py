@@ -1,0 +1,265 @@
+"""Pieces shared by the fused recurrent kernels (triton_recurrent_fwd.py, triton_recurrent_bwd.py): which
+specs split the memory's rows over programs (V tiles), the program's index ranges, loading the state and a
+token, the gradient factors (one token at a time, or a mini-batch's as one tile computation), the
+retention's readouts, and the resource model's count of live tiles.
+
+Both kernels keep their rows of every weight (and of the accumulator, momentum and anchor) in registers as
+[rows, cols] tiles named w<i>, y<i>, s<i>, anchor<i>, with mask<i> the mask of their real lanes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import sympy as sp
+
+from .. import ir
+from .. import spec as S
+from ..derive import Derivation
+from .printers import TritonPrinter, print_triton_block
+from .triton_printing import SIZE, graph_lines, indent, row, rows, tile_matmul
+
+BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
+
+tile_matmul_ieee = tile_matmul('"ieee"')  # the recurrent kernels' batched factors: full fp32 products
+
+
+def batched_factors(spec: S.Spec) -> int:
+    """The mini-batch C when the recurrent kernels compute each chunk's gradient factors as one tile
+    computation (tl.dot needs C to be a power of two >= 16), else 0 (one token at a time)."""
+    C = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    if spec.channel_gates:  # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles)
+        return 0
+    return C if C >= 16 and C & (C - 1) == 0 else 0
+
+
+def vector_coefficients(spec: S.Spec) -> dict[str, str]:
+    """The coefficients the module passes as vectors ([B, H, T, D]): name in the module's coefficient dict
+    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph)."""
+    return {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+
+
+# ---- V tiles: which specs' recurrent kernels split the rows of the memory over programs
+
+_REDUCTIONS = ("rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd", "layernorm_bwd2")
+
+
+def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None:
+    """None when the recurrent kernels may split the value rows of the memory over programs (grid
+    (cdiv(Dv, BV), B·H), each program owning BV rows of W and of its accumulator, momentum and anchor):
+    every row's update and read depend only on that row and the token. Else the coupling, as a reason."""
+    m, b, r = spec.memory, spec.bias, spec.retention
+    if m.kind != "linear":
+        return "an MLP memory couples every weight (LayerNorm, hidden layer)"
+    if r.kind == "lq":
+        return "lq retention normalises by the q-norm of the whole matrix"
+    if b.kind == "huber" and b.mode == "mixture":
+        return "huber(mode=mixture) switches on the norm of the whole error vector"
+    for gr in (forward, grad):  # a reduction over the rows (dimension v) that feeds a computation couples them
+        dims = _dims(gr, spec.weight_dims())
+        for nid in gr.order():
+            op = gr.node(nid)
+            if op.op in _REDUCTIONS and dims[gr.srcs(nid)[0]] == "v" and \
+                    any(gr.node(c).op != "output" for c in gr.consumers(nid)):
+                return f"the {gr.title} graph reduces over the value rows ({op.op})"
+    return None
+
+
+def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
+    """The dimension name (k, v, e; s for a per-token scalar, w for a weight) of each node of a graph."""
+    dims: dict[int, str] = {}
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        if op.op == "input":
+            dims[nid] = {"k": "k", "x": "k", "v": "v"}.get(op.arg, "s")
+        elif op.op == "weight":
+            dims[nid] = "w"
+        elif op.op in ("linear", "layer"):
+            dims[nid] = wdims[op.arg][0]
+        elif op.op == "linear_t":
+            dims[nid] = wdims[op.arg][1]
+        elif op.op in ("rownorm", "rowsumsq", "rowsum"):
+            dims[nid] = "s"
+        else:
+            dims[nid] = next((dims[x] for x in srcs if dims[x] not in ("s", "w")), "s")
+    return dims
+
+
+# ---- the program, its state and its token
+
+def program_ids() -> list[str]:
+    """The program's (V tile, batch·head) and its index ranges: rows iv·BV .. iv·BV + BV - 1 of the memory
+    (value rows; the whole of them, iv = 0, where the rows are coupled), all of K and of the hidden width."""
+    return ["iv = tl.program_id(0)", "bh = tl.program_id(1)", "pid = iv * tl.num_programs(1) + bh",
+            "rc = tl.arange(0, BC)", "rk = tl.arange(0, BK)", "rv = iv * BV + tl.arange(0, BV)",
+            "re = tl.arange(0, BE)", "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
+
+
+def state_tile(wdims, base: str, i: int) -> str:
+    """Pointers to this program's [rows, cols] tile of weight i in a [B·H, N_rows, N_cols] state tensor."""
+    rows_, cols = wdims[i]
+    return f"{base} + bh * {SIZE[rows_]} * {SIZE[cols]} + r{rows_}[:, None] * {SIZE[cols]} + r{cols}[None, :]"
+
+
+def load_state(spec: S.Spec, d: Derivation, i: int, anchor: bool) -> list[str]:
+    """Load weight i's state tiles: the weights, the accumulator (stored, or the image of the weights for kl
+    and Bregman), the momentum, and the mini-batch anchor (`anchor`: a copy of the weights)."""
+    r, wdims = spec.retention, spec.weight_dims()
+    rows_, cols = wdims[i]
+    lines = [f"mask{i} = m{rows_}[:, None] & m{cols}[None, :]",
+             f"w{i} = tl.load({state_tile(wdims, f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)"]
+    if r.kind in ("lq", "elastic"):
+        lines.append(f"y{i} = tl.load({state_tile(wdims, f'Y{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+    elif r.kind == "kl":
+        lines.append(f"y{i} = tl.where(mask{i}, tl.log(tl.where(mask{i}, w{i}, 1.0) / {float(r.c)!r}), 0.0)")
+    elif r.kind == "bregman":
+        lines += print_triton_block({f"y{i}": d.phi_prime}, {sp.Symbol("w", real=True): f"w{i}"}, prefix=f"_y{i}_")
+        lines.append(f"y{i} = tl.where(mask{i}, y{i}, 0.0)")
+    if spec.learner.kind == "momentum":
+        lines.append(f"s{i} = tl.load({state_tile(wdims, f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+    if anchor:
+        lines.append(f"anchor{i} = w{i}")
+    return lines
+
+
+def load_token(scalars: list[str], vectors: dict[str, str]) -> list[str]:
+    """Token t's q, k, v and coefficients (scalars from the stacked C, channel-wise ones as vectors)."""
+    lines = ["q = tl.load(Q + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+             "k = tl.load(K + (bh * T + t) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+             "v = tl.load(V + (bh * T + t) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
+    lines += [f"c_{n} = tl.load(C + (bh * T + t) * NC + {j})" for j, n in enumerate(scalars)]
+    return lines + vector_loads(vectors)
+
+
+def vector_loads(vectors: dict[str, str]) -> list[str]:
+    """Token t's channel-wise coefficients: α and θ as factors on a weight tile (key channels scale its columns,
+    value channels its rows: CONTRACT §6), η and δ as vectors the gradient graph reads."""
+    lines = []
+    for n, side in vectors.items():
+        bcast = "" if n not in ("alpha", "theta") else "[None, :]" if side == "k" else "[:, None]"
+        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
+    return lines
+
+
+def chunk_tiles(coef_order: list[str]) -> list[str]:
+    """Load the tokens t .. t+BC-1 (a mini-batch starting at t) as [BC, n] tiles, rows past T zeroed."""
+    lines = ["ctok = t + rc", "cm = ctok < T",
+             "kc = tl.load(K + (bh * T + ctok[:, None]) * Nk + rk[None, :], mask=cm[:, None] & mk[None, :], "
+             "other=0.0).to(tl.float32)",
+             "vc = tl.load(V + (bh * T + ctok[:, None]) * Nv + rv[None, :], mask=cm[:, None] & mv[None, :], "
+             "other=0.0).to(tl.float32)"]
+    lines += [f"cc_{n} = tl.load(C + (bh * T + ctok) * NC + {j}, mask=cm, other=1.0)[:, None]"
+              for j, n in enumerate(coef_order)]
+    return lines
+
+
+# ---- the gradient factors (δ_i, x_i) of the memory's gradient δ_i x_iᵀ
+
+def graph_vector_inputs(spec: S.Spec) -> dict[str, tuple[str, str]]:
+    """Graph inputs that are per-token vectors in the recurrent kernel: k, v and the channel-wise η, δ."""
+    out = {"k": ("k", "k"), "v": ("v", "v")}
+    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")})
+    return out
+
+
+def factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[str],
+                 compute: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The token's gradient factors at weights `at`: (lines, outputs of `memory_grad`). One token at a time,
+    or, with batched factors, read from the scratch a mini-batch start fills (`compute`: emit that fill)."""
+    wdims = spec.weight_dims()
+    if not batched_factors(spec):
+        g_lines, g_out, _ = graph_lines(grad, "g_", at, {n: f"c_{n}" for n in coef_order},
+                                        graph_vector_inputs(spec), wdims)
+        return g_lines, g_out
+    lines = []
+    if compute:  # the factors of a whole mini-batch at once, at its start (its anchor is the current state)
+        lines.append("if new_chunk:")
+        lines += indent(_chunk_factor_lines(grad, wdims, coef_order, at))
+    g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(len(wdims)) for n in ("delta", "input")}
+    return lines + _load_factors(wdims), g_out
+
+
+def _chunk_factor_lines(grad: ir.Graph, wdims, coef_order: list[str], at: list[str]) -> list[str]:
+    """At a mini-batch start: the gradient factors (δ_i, x_i) of all its tokens at the anchor, as one tile
+    computation (`memory_grad` on [BC, n] tiles), written to the factor scratch FDL_i / FX_i."""
+    lines = chunk_tiles(coef_order)
+    scal = {n: f"cc_{n}" for n in coef_order}
+    g_lines, g_out, _ = graph_lines(grad, "gc_", at, scal, {"k": ("kc", "k"), "v": ("vc", "v")}, wdims,
+                                    matmul=tile_matmul_ieee)
+    lines += g_lines
+    for i, (r, c) in enumerate(wdims):
+        lines += [f"tl.store({rows(f'FDL{i}', r)}, {g_out[f'delta{i + 1}']}, mask=cm[:, None] & m{r}[None, :])",
+                  f"tl.store({rows(f'FX{i}', c)}, {g_out[f'input{i + 1}']}, mask=cm[:, None] & m{c}[None, :])"]
+    return lines + ["tl.debug_barrier()"]
+
+
+def _load_factors(wdims) -> list[str]:
+    lines = []
+    for i, (r, c) in enumerate(wdims):
+        lines += [f"delta{i} = tl.load({row(f'FDL{i}', r)}, mask=m{r}, other=0.0)",
+                  f"input{i} = tl.load({row(f'FX{i}', c)}, mask=m{c}, other=0.0)"]
+    return lines
+
+
+def forward_reads_state_as_anchor(spec: S.Spec) -> bool:
+    """The forward kernel takes a mini-batch's batched factors at its start straight from the state (no
+    anchor tile): the state then is the anchor, unless an order=pre decay scales it first."""
+    r = spec.retention
+    return bool(batched_factors(spec)) and not (r.kind == "decay" and r.order == "pre")
+
+
+# ---- the retention's readout w = R(y) of an accumulator
+
+def readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
+    """w<i> from the accumulator y<i>: lq's whole-matrix normalisation, kl's row softmax, or an elementwise
+    map (elastic shrink, Bregman (φ')⁻¹)."""
+    r = spec.retention
+    y, w = f"y{i}", f"w{i}"
+    if r.kind == "lq":
+        q = float(r.q)
+        return [f"nrm{i} = tl.sum(tl.sum(tl.where(mask{i}, tl.exp({q!r} * tl.log(tl.abs({y}))), 0.0), axis=1), axis=0)",
+                f"nrm{i} = tl.maximum(tl.exp(tl.log(nrm{i}) / {q!r}), 1e-30)",
+                f"{w} = {y} * tl.exp(-{q - 2!r} * tl.log(nrm{i}))"]
+    if r.kind == "kl":
+        return [f"ym{i} = tl.where(mask{i}, {y}, -float('inf'))",
+                f"ex{i} = tl.exp(ym{i} - tl.max(ym{i}, axis=1)[:, None])",
+                f"{w} = tl.where(mask{i}, {float(r.c)!r} * ex{i} / tl.sum(ex{i}, axis=1)[:, None], 0.0)"]
+    expr, sym = (d.elastic, sp.Symbol("a", real=True)) if r.kind == "elastic" else (d.phi_prime_inv,
+                                                                                    sp.Symbol("u", real=True))
+    return print_triton_block({w: expr}, {sym: y}, prefix=f"_{w}_") + [f"{w} = tl.where(mask{i}, {w}, 0.0)"]
+
+
+def readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
+    """R'(y) of an elementwise readout w = R(y) (elastic shrink, Bregman (φ')⁻¹)."""
+    if spec.retention.kind == "elastic":
+        sym = sp.Symbol("a", real=True)
+        return ir._clean_derivative(sp.diff(d.elastic, sym)), sym
+    sym = sp.Symbol("u", real=True)
+    return ir._clean_derivative(sp.diff(d.phi_prime_inv, sym)), sym
+
+
+# ---- bookkeeping
+
+def live_tiles(spec: S.Spec, backward: bool) -> int:
+    """The resource model's count of [rows, cols] fp32 tiles per weight a recurrent kernel keeps live: the
+    state (weights; accumulator or log-space/φ' image; momentum; mini-batch anchor) and the step's temporaries
+    (gradient, update); the backward also carries their cotangents and the state before the token."""
+    r, mb = spec.retention, spec.parallel.kind == "minibatch"
+    state = 1 + (r.kind in ("lq", "elastic", "kl", "bregman")) + (spec.learner.kind == "momentum") + mb
+    if not backward:
+        return state + 2 - forward_reads_state_as_anchor(spec)
+    return 3 * state + 4
+
+
+def widx(var: str) -> int:
+    """The weight index a state variable name ends with (w0, anchor12, ...)."""
+    return int(re.search(r"\d+$", var).group())
+
+
+def outer_sum(v_out: dict[str, str], i: int) -> str | None:
+    """Σ_j l_j r_jᵀ over the outer-product pairs a reverse-mode graph gives for weight i."""
+    terms, j = [], 0
+    while f"outer{i}_{j}_l" in v_out:
+        terms.append(f"{v_out[f'outer{i}_{j}_l']}[:, None] * {v_out[f'outer{i}_{j}_r']}[None, :]")
+        j += 1
+    return " + ".join(terms) or None

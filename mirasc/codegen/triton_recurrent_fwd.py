@@ -1,0 +1,114 @@
+"""The fused recurrent forward kernel `_fused_recurrent_fwd`: one program per (V tile, batch·head) (per
+(batch, head) where the rows are coupled) holds its rows of the memory in registers and walks the tokens.
+
+Per token: load q, k, v and the coefficients; take the gradient factors (δ_i, x_i) of the memory's
+gradient at the anchor (`memory_grad` printed as matrix-vector code, or read from the scratch a
+mini-batch start fills); apply the learner (gd or momentum) and the retention (decay, or an accumulator
+and its readout); read y = M(q) (`memory_forward`) and store it. The final state is stored at the end.
+"""
+
+from __future__ import annotations
+
+from .. import ir
+from .. import spec as S
+from ..derive import Derivation
+from .printers import TritonPrinter
+from .triton_printing import graph_lines, indent, jit_kernel
+from .triton_recurrent import (
+    factor_lines,
+    forward_reads_state_as_anchor,
+    load_state,
+    load_token,
+    program_ids,
+    readout,
+    state_tile,
+    vector_coefficients,
+)
+
+
+def emit_forward(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
+    """Source of `_fused_recurrent_fwd`."""
+    n_w = len(spec.weight_dims())
+    mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    # the anchor tile: with batched factors (computed at the mini-batch start, from the state as it is then)
+    # the forward needs none, unless an order=pre decay changes the state before the factors are taken
+    keep_anchor = bool(mb) and not forward_reads_state_as_anchor(spec)
+    body = program_ids()
+    for i in range(n_w):
+        body += load_state(spec, d, i, keep_anchor)
+    body.append("for t in range(T):")
+    body += indent(_token_step(spec, d, forward, grad, coef_order, keep_anchor))
+    body += _store_final_state(spec)
+    return jit_kernel("_fused_recurrent_fwd", _signature(spec, coef_order), body)
+
+
+def _signature(spec: S.Spec, coef_order: list[str]) -> str:
+    """Inputs, the output, each state tensor in and out (in the order of the state keys), the factor scratch."""
+    vectors = vector_coefficients(spec)
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vectors], "O"]
+    for i in range(len(spec.weight_dims())):
+        ptrs += [f"W{i}_in", f"W{i}_out"]
+        if spec.retention.kind in ("lq", "elastic"):
+            ptrs += [f"Y{i}_in", f"Y{i}_out"]
+        if spec.learner.kind == "momentum":
+            ptrs += [f"S{i}_in", f"S{i}_out"]
+    ptrs += [f"F{n}{i}" for i in range(len(spec.weight_dims())) for n in ("DL", "X")]  # factor scratch
+    return (", ".join(ptrs) + ", T, Nk, Nv, Ne, NC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
+            "BE: tl.constexpr, BC: tl.constexpr")
+
+
+def _token_step(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                keep_anchor: bool) -> list[str]:
+    """The loop body for token t: load it, update the state, read and store the output."""
+    r = spec.retention
+    n_w = len(spec.weight_dims())
+    mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    vectors = vector_coefficients(spec)
+    loop = load_token([n for n in coef_order if n not in vectors], vectors)
+    if mb:
+        loop.append(f"new_chunk = (t % {mb}) == 0")
+        for i in range(n_w if keep_anchor else 0):
+            loop.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
+    if r.kind == "decay" and r.order == "pre":
+        for i in range(n_w):
+            loop.append(f"w{i} = c_alpha * w{i}")
+    at = [f"anchor{i}" if keep_anchor else f"w{i}" for i in range(n_w)]
+    g_lines, g_out = factor_lines(spec, grad, coef_order, at)
+    loop += g_lines
+    for i in range(n_w):
+        loop += _update(spec, d, i, g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"])
+    f_lines, f_out, _ = graph_lines(forward, "f_", [f"w{i}" for i in range(n_w)], {n: f"c_{n}" for n in coef_order},
+                                    {"x": ("q", "k")}, spec.weight_dims())
+    loop += f_lines
+    loop.append(f"tl.store(O + (bh * T + t) * Nv + rv, {f_out['y']}.to(O.dtype.element_ty), mask=mv)")
+    return loop
+
+
+def _update(spec: S.Spec, d: Derivation, i: int, delta: str, inp: str) -> list[str]:
+    """Weight i's step: the gradient δ xᵀ, the learner's update, the retention (and readout)."""
+    r = spec.retention
+    lines = [f"grad{i} = {delta}[:, None] * {inp}[None, :]"]
+    if spec.learner.kind == "momentum":
+        lines += [f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
+    else:
+        lines.append(f"upd{i} = -c_eta * grad{i}")
+    if r.kind == "none" or (r.kind == "decay" and r.order == "pre"):
+        lines.append(f"w{i} = w{i} + upd{i}")
+    elif r.kind == "decay":
+        lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
+    else:
+        lines.append(f"y{i} = {'y' + str(i) if r.kind == 'bregman' else 'c_alpha * y' + str(i)} + upd{i}")
+        lines += readout(spec, d, i, TritonPrinter())
+    return lines
+
+
+def _store_final_state(spec: S.Spec) -> list[str]:
+    wdims = spec.weight_dims()
+    lines = []
+    for i in range(len(wdims)):
+        lines.append(f"tl.store({state_tile(wdims, f'W{i}_out', i)}, w{i}, mask=mask{i})")
+        if spec.retention.kind in ("lq", "elastic"):
+            lines.append(f"tl.store({state_tile(wdims, f'Y{i}_out', i)}, y{i}, mask=mask{i})")
+        if spec.learner.kind == "momentum":
+            lines.append(f"tl.store({state_tile(wdims, f'S{i}_out', i)}, s{i}, mask=mask{i})")
+    return lines
