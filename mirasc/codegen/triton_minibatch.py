@@ -41,8 +41,7 @@ from .. import ir
 from .. import spec as S
 from ..derive import Derivation
 from . import triton_minibatch_stream as stream
-from .triton_printing import BLOCK, SIZE, Unsupported, tile_matmul
-from .triton_printing import graph_lines as _graph_lines
+from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
 
@@ -72,20 +71,46 @@ def _tr(a: str) -> str:
     return f"tl.trans({a})"
 
 
+CONSTS = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
+          "BE: tl.constexpr, PREC: tl.constexpr")
+
+
 def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
                    preprocess) -> str:
     """Source of the mini-batch Triton section (both kernels and their torch glue)."""
     reason = minibatch_reason(spec)
     if reason:
         raise Unsupported(reason)
-    mom = spec.learner.kind == "momentum"
-    wdims = spec.weight_dims()
-    n_w = len(wdims)
-    scal = {n: f"c_{n}" for n in coef_order}
+    dual = _DualForm(spec, forward, grad, coef_order)
+    kernels = jit_kernel("_minibatch_fwd", dual.forward_params(), dual.forward_body())
+    kernels += "\n" + jit_kernel("_minibatch_bwd", dual.backward_params(), dual.backward_body())
+    # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
+    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
+    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
+    kernels += "\n" + fwd_src + "\n" + bwd_src
+    flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay"}
+    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+    return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
 
-    plain = tile_matmul("PREC")  # a matmul on the anchor weights
 
-    def dual(op, i, w, h):  # a matmul on each token's own weights, (2)
+class _DualForm:
+    """The single-tile kernels: one program per (batch, head) holds every weight w<i> (and momentum s<i>) as a
+    register tile and walks the chunks; a chunk's gradient factors are dl<i>, x<i> ([BC, n] tiles)."""
+
+    def __init__(self, spec: S.Spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]):
+        self.forward, self.grad, self.coef_order = forward, grad, coef_order
+        self.mom = spec.learner.kind == "momentum"
+        self.wdims = spec.weight_dims()
+        self.n_w = len(self.wdims)
+        self.scal = {n: f"c_{n}" for n in coef_order}
+        self.W = [f"w{i}" for i in range(self.n_w)]
+        self.tokens = {"k": ("k", "k"), "v": ("v", "v")}
+        self.plain = tile_matmul("PREC")  # a matmul on the anchor weights
+
+    def dual(self, op, i, w, h):
+        """A matmul on each token's own weights, (2)."""
+        mom = self.mom
         if op in ("layer", "linear"):
             terms = [f"gam * {_dot(h, _tr(f'w{i}'))}"] + ([f"bm * {_dot(h, _tr(f's{i}'))}"] if mom else [])
             terms.append(_dot(f"kmat * {_dot(h, _tr(f'x{i}'))}", f"dl{i}"))
@@ -94,21 +119,20 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
             terms.append(_dot(f"kmat * {_dot(h, _tr(f'dl{i}'))}", f"x{i}"))
         return " + ".join(terms)
 
-    W = [f"w{i}" for i in range(n_w)]
-    tokens = {"k": ("k", "k"), "v": ("v", "v")}
-
-    def tile(base, i, slot=None):
-        rows, cols = wdims[i]
+    def tile(self, base, i, slot=None):
+        """Weight i's tile in a [B·H, rows, cols] tensor, or in slot `slot` of a [B·H, NCH + 1, ...] checkpoint."""
+        rows, cols = self.wdims[i]
         at = "bh" if slot is None else f"(bh * (NCH + 1) + {slot})"
         return f"{base} + {at} * {SIZE[rows]} * {SIZE[cols]} + r{rows}[:, None] * {SIZE[cols]} + r{cols}[None, :]"
 
-    def prologue():
+    def prologue(self):
         lines = ["bh = tl.program_id(0)", "rc = tl.arange(0, BC)", "rk = tl.arange(0, BK)", "rv = tl.arange(0, BV)",
                  "re = tl.arange(0, BE)", "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
-        lines += [f"mask{i} = m{rows}[:, None] & m{cols}[None, :]" for i, (rows, cols) in enumerate(wdims)]
+        lines += [f"mask{i} = m{rows}[:, None] & m{cols}[None, :]" for i, (rows, cols) in enumerate(self.wdims)]
         return lines
 
-    def load_chunk():
+    def load_chunk(self):
+        """Chunk ci's tokens, its dual-form coefficients and the gradient factors of its tokens at the anchor."""
         lines = ["tok = ci * BC + rc",
                  "q = tl.load(Q + (bh * T + tok[:, None]) * Nk + rk[None, :], mask=mk[None, :], other=0.0)",
                  "k = tl.load(K + (bh * T + tok[:, None]) * Nk + rk[None, :], mask=mk[None, :], other=0.0)",
@@ -117,164 +141,177 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
                  "gam = tl.load(GAM + bh * T + tok)[:, None]",
                  "kl = tl.load(KL + (bh * NCH + ci) * BC + rc)",
                  "gl = tl.load(SC + (bh * NCH + ci) * 3)"]
-        if mom:
+        if self.mom:
             lines += ["bm = tl.load(BM + bh * T + tok)[:, None]",
                       "kml = tl.load(KML + (bh * NCH + ci) * BC + rc)",
                       "bl = tl.load(SC + (bh * NCH + ci) * 3 + 1)",
                       "thl = tl.load(SC + (bh * NCH + ci) * 3 + 2)"]
-        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(coef_order)]
+        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(self.coef_order)]
         # the gradient factors of the chunk's tokens at the anchor: (δ_i, x_i) = (dl_i, x_i)
-        g_lines, g_out, _ = _graph_lines(grad, "g_", W, scal, tokens, wdims, matmul=plain)
+        g_lines, g_out, _ = graph_lines(self.grad, "g_", self.W, self.scal, self.tokens, self.wdims,
+                                        matmul=self.plain)
         lines += g_lines
-        for i in range(n_w):
+        for i in range(self.n_w):
             lines += [f"dl{i} = {g_out[f'delta{i + 1}']}", f"x{i} = {g_out[f'input{i + 1}']}"]
         return lines
 
-    # ---------------------------------------------------------------- forward
-    body = prologue()
-    for i in range(n_w):
-        body.append(f"w{i} = tl.load({tile(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-        if mom:
-            body.append(f"s{i} = tl.load({tile(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-    loop = []
-    for i in range(n_w):
-        loop.append(f"tl.store({tile(f'CKW{i}', i, 'ci')}, w{i}, mask=mask{i})")
-        if mom:
-            loop.append(f"tl.store({tile(f'CKS{i}', i, 'ci')}, s{i}, mask=mask{i})")
-    loop += load_chunk()
-    f_lines, f_out, _ = _graph_lines(forward, "f_", W, scal, {"x": ("q", "k")}, wdims, matmul=dual)
-    loop += f_lines
-    loop.append(f"tl.store(O + (bh * T + tok[:, None]) * Nv + rv[None, :], {f_out['y']}, mask=mv[None, :])")
-    for i in range(n_w):  # the chunk end: (1) at its last token
-        upd = _dot(_tr(f"dl{i} * kl[:, None]"), f"x{i}")
-        if mom:
-            loop.append(f"w{i} = gl * w{i} + bl * s{i} + {upd}")
-            loop.append(f"s{i} = thl * s{i} + {_dot(_tr(f'dl{i} * kml[:, None]'), f'x{i}')}")
-        else:
-            loop.append(f"w{i} = gl * w{i} + {upd}")
-    body.append("for ci in range(NCH):")
-    body += ["    " + ln for ln in loop]
-    for i in range(n_w):
-        body.append(f"tl.store({tile(f'CKW{i}', i, 'NCH')}, w{i}, mask=mask{i})")
-        if mom:
-            body.append(f"tl.store({tile(f'CKS{i}', i, 'NCH')}, s{i}, mask=mask{i})")
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
-    for i in range(n_w):
-        ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
-    consts = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
-              "BE: tl.constexpr, PREC: tl.constexpr")
-    kernels = ("    @triton.jit\n    def _minibatch_fwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
-               + "\n".join("        " + ln for ln in body) + "\n")
+    def store_weights(self, w_base, s_base, slot=None, w="w", s="s"):
+        """Store the tiles w<i> (and the momentum's s<i>) into w_base<i> (s_base<i>), at checkpoint `slot`."""
+        lines = []
+        for i in range(self.n_w):
+            lines.append(f"tl.store({self.tile(f'{w_base}{i}', i, slot)}, {w}{i}, mask=mask{i})")
+            if self.mom:
+                lines.append(f"tl.store({self.tile(f'{s_base}{i}', i, slot)}, {s}{i}, mask=mask{i})")
+        return lines
 
-    # ---------------------------------------------------------------- backward
-    seeds = {}
-    for i in range(n_w):
-        seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
-        seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
-    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp")
-    fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
-    body = prologue()
-    for i in range(n_w):
-        body.append(f"dw{i} = tl.load({tile(f'DWF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-        if mom:
-            body.append(f"ds{i} = tl.load({tile(f'DSF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-    loop = ["ci = NCH - 1 - cc"]
-    for i in range(n_w):
-        loop.append(f"w{i} = tl.load({tile(f'CKW{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
-        if mom:
-            loop.append(f"s{i} = tl.load({tile(f'CKS{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
-    loop += load_chunk()
-    loop += ["do = tl.load(DO + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)",
-             "dkmat = tl.zeros([BC, BC], tl.float32)", "dgam = tl.zeros([BC], tl.float32)",
-             "dkl = tl.zeros([BC], tl.float32)"]
-    if mom:
-        loop += ["dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)"]
-    # the read: o = M_{W_t}(q_t) with (2); its reverse gives dq and ∂ℓ/∂W_t = Σ_j L_j R_jᵀ per weight
-    f_lines, f_out, _ = _graph_lines(fvjp, "fb_", W, scal, {"x": ("q", "k"), "ct_y": ("do", "v")}, wdims,
-                                     matmul=dual)
-    loop += f_lines
-    loop.append(f"dq = {f_out['d_x']}" if "d_x" in f_out else "dq = tl.zeros([BC, BK], tl.float32)")
-    for i, (rows, cols) in enumerate(wdims):
-        loop += [f"ddl{i} = tl.zeros([BC, {BLOCK[rows]}], tl.float32)",
-                 f"dx{i} = tl.zeros([BC, {BLOCK[cols]}], tl.float32)"]
-        # the chunk end (1): W_n = γ_n W_0 + b_n S_0 + Σ_r K[n, r] δ_r x_rᵀ (and S_n = Θ_n S_0 + Σ_r K'[n, r] δ_r x_rᵀ)
-        loop += [f"xdw = {_dot(f'x{i}', _tr(f'dw{i}'))}",
+    # ---- forward
+
+    def forward_params(self) -> str:
+        ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
+        for i in range(self.n_w):
+            ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
+        return ", ".join(ptrs) + ", " + CONSTS
+
+    def forward_body(self) -> list[str]:
+        body = self.prologue()
+        for i in range(self.n_w):
+            body.append(f"w{i} = tl.load({self.tile(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+            if self.mom:
+                body.append(f"s{i} = tl.load({self.tile(f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        loop = self.store_weights("CKW", "CKS", "ci") + self.load_chunk()
+        f_lines, f_out, _ = graph_lines(self.forward, "f_", self.W, self.scal, {"x": ("q", "k")}, self.wdims,
+                                        matmul=self.dual)
+        loop += f_lines
+        loop.append(f"tl.store(O + (bh * T + tok[:, None]) * Nv + rv[None, :], {f_out['y']}, mask=mv[None, :])")
+        for i in range(self.n_w):  # the chunk end: (1) at its last token
+            upd = _dot(_tr(f"dl{i} * kl[:, None]"), f"x{i}")
+            if self.mom:
+                loop.append(f"w{i} = gl * w{i} + bl * s{i} + {upd}")
+                loop.append(f"s{i} = thl * s{i} + {_dot(_tr(f'dl{i} * kml[:, None]'), f'x{i}')}")
+            else:
+                loop.append(f"w{i} = gl * w{i} + {upd}")
+        return body + ["for ci in range(NCH):"] + indent(loop) + self.store_weights("CKW", "CKS", "NCH")
+
+    # ---- backward
+
+    def backward_params(self) -> str:
+        ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
+        for i in range(self.n_w):
+            ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
+        ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
+        return ", ".join(ptrs) + ", " + CONSTS
+
+    def backward_body(self) -> list[str]:
+        """Chunks in reverse from the checkpoints: the read's reverse, the chunk end's, the factors'."""
+        body = self.prologue()
+        for i in range(self.n_w):
+            body.append(f"dw{i} = tl.load({self.tile(f'DWF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+            if self.mom:
+                body.append(f"ds{i} = tl.load({self.tile(f'DSF{i}', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
+        loop = ["ci = NCH - 1 - cc"]
+        for i in range(self.n_w):
+            loop.append(f"w{i} = tl.load({self.tile(f'CKW{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
+            if self.mom:
+                loop.append(f"s{i} = tl.load({self.tile(f'CKS{i}', i, 'ci')}, mask=mask{i}, other=0.0)")
+        loop += self.load_chunk()
+        loop += ["do = tl.load(DO + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)",
+                 "dkmat = tl.zeros([BC, BC], tl.float32)", "dgam = tl.zeros([BC], tl.float32)",
+                 "dkl = tl.zeros([BC], tl.float32)"]
+        if self.mom:
+            loop += ["dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)"]
+        loop += self.read_reverse() + self.factor_reverse() + self.store_chunk_grads()
+        for i in range(self.n_w):
+            loop.append(f"dw{i} = dw0_{i}")
+            if self.mom:
+                loop.append(f"ds{i} = ds0_{i}")
+        return body + ["for cc in range(NCH):"] + indent(loop) + self.store_weights("DW0_", "DS0_", w="dw", s="ds")
+
+    def read_reverse(self) -> list[str]:
+        """The read o = M_{W_t}(q_t) with (2); its reverse gives dq and ∂ℓ/∂W_t = Σ_j L_j R_jᵀ per weight,
+        which flow with the chunk end's cotangent into W_0, S_0, Δ, X, K, γ and b."""
+        fvjp = ir.vjp(self.forward, {"y": "ct_y"}, "memory_forward_vjp")
+        f_lines, f_out, _ = graph_lines(fvjp, "fb_", self.W, self.scal, {"x": ("q", "k"), "ct_y": ("do", "v")},
+                                        self.wdims, matmul=self.dual)
+        lines = f_lines + [f"dq = {f_out['d_x']}" if "d_x" in f_out else "dq = tl.zeros([BC, BK], tl.float32)"]
+        for i, (rows, cols) in enumerate(self.wdims):
+            lines += [f"ddl{i} = tl.zeros([BC, {BLOCK[rows]}], tl.float32)",
+                      f"dx{i} = tl.zeros([BC, {BLOCK[cols]}], tl.float32)"]
+            lines += self.chunk_end_reverse(i)
+            j = 0
+            while f"outer{i}_{j}_l" in f_out:  # each (L, R) through (2)
+                lines += self.pair_reverse(i, f_out[f"outer{i}_{j}_l"], f_out[f"outer{i}_{j}_r"])
+                j += 1
+        return lines
+
+    def chunk_end_reverse(self, i: int) -> list[str]:
+        """The chunk end (1): W_n = γ_n W_0 + b_n S_0 + Σ_r K[n, r] δ_r x_rᵀ (and S_n = Θ_n S_0 + Σ_r K'[n, r]
+        δ_r x_rᵀ), reversed for weight i."""
+        lines = [f"xdw = {_dot(f'x{i}', _tr(f'dw{i}'))}",
                  f"ddl{i} += kl[:, None] * xdw",
                  f"dx{i} += kl[:, None] * {_dot(f'dl{i}', f'dw{i}')}",
                  f"dkl += tl.sum(dl{i} * xdw, axis=1)",
                  f"dw0_{i} = gl * dw{i}",
                  f"dgl_{i} = tl.sum(tl.sum(dw{i} * w{i}, axis=1), axis=0)"]
-        if mom:
-            loop += [f"xds = {_dot(f'x{i}', _tr(f'ds{i}'))}",
-                     f"ddl{i} += kml[:, None] * xds",
-                     f"dx{i} += kml[:, None] * {_dot(f'dl{i}', f'ds{i}')}",
-                     f"dkml += tl.sum(dl{i} * xds, axis=1)",
-                     f"ds0_{i} = bl * dw{i} + thl * ds{i}",
-                     f"dbl_{i} = tl.sum(tl.sum(dw{i} * s{i}, axis=1), axis=0)",
-                     f"dthl_{i} = tl.sum(tl.sum(ds{i} * s{i}, axis=1), axis=0)"]
-        j = 0
-        while f"outer{i}_{j}_l" in f_out:  # each (L, R) through (2)
-            lft, rgt = f_out[f"outer{i}_{j}_l"], f_out[f"outer{i}_{j}_r"]
-            loop += [f"rx = {_dot(rgt, _tr(f'x{i}'))}", f"ld = {_dot(lft, _tr(f'dl{i}'))}",
-                     f"dw0_{i} += {_dot(_tr(f'{lft} * gam'), rgt)}",
-                     f"ddl{i} += {_dot(_tr('kmat * rx'), lft)}",
-                     f"dx{i} += {_dot(_tr('kmat * ld'), rgt)}",
-                     "dkmat += ld * rx",
-                     f"dgam += tl.sum({lft} * {_dot(rgt, _tr(f'w{i}'))}, axis=1)"]
-            if mom:
-                loop += [f"ds0_{i} += {_dot(_tr(f'{lft} * bm'), rgt)}",
-                         f"dbm += tl.sum({lft} * {_dot(rgt, _tr(f's{i}'))}, axis=1)"]
-            j += 1
-    # the gradient factors: dΔ, dX back to k, v, the bias's gates and the anchor W_0
-    cts = dict(tokens)
-    for i, (rows, cols) in enumerate(wdims):
-        cts[f"ct_delta{i + 1}"] = (f"ddl{i}", rows)
-        cts[f"ct_input{i + 1}"] = (f"dx{i}", cols)
-    v_lines, v_out, _ = _graph_lines(gvjp, "gb_", W, scal, cts, wdims, matmul=plain)
-    loop += v_lines
-    loop.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros([BC, BK], tl.float32)")
-    loop.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros([BC, BV], tl.float32)")
-    for i in range(n_w):
-        j = 0
-        while f"outer{i}_{j}_l" in v_out:
-            loop.append(f"dw0_{i} += {_dot(_tr(v_out[f'outer{i}_{j}_l']), v_out[f'outer{i}_{j}_r'])}")
-            j += 1
-    loop += ["tl.store(DQ + (bh * T + tok[:, None]) * Nk + rk[None, :], dq, mask=mk[None, :])",
-             "tl.store(DK + (bh * T + tok[:, None]) * Nk + rk[None, :], dk, mask=mk[None, :])",
-             "tl.store(DV + (bh * T + tok[:, None]) * Nv + rv[None, :], dv, mask=mv[None, :])"]
-    for j, n in enumerate(coef_order):
-        if f"d_{n}" in v_out:  # a gate inside the bias (e.g. Huber's δ): a [BC, 1] per-token scalar
-            loop.append(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.sum({v_out[f'd_{n}']} "
-                        f"+ tl.zeros([BC, 1], tl.float32), axis=1))")
-    loop += ["tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], dkmat)",
-             "tl.store(DGAM + bh * T + tok, dgam)",
-             "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
-             "tl.store(DSC + (bh * NCH + ci) * 3, " + " + ".join(f"dgl_{i}" for i in range(n_w)) + ")"]
-    if mom:
-        loop += ["tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
-                 "tl.store(DSC + (bh * NCH + ci) * 3 + 1, " + " + ".join(f"dbl_{i}" for i in range(n_w)) + ")",
-                 "tl.store(DSC + (bh * NCH + ci) * 3 + 2, " + " + ".join(f"dthl_{i}" for i in range(n_w)) + ")"]
-    for i in range(n_w):
-        loop.append(f"dw{i} = dw0_{i}")
-        if mom:
-            loop.append(f"ds{i} = ds0_{i}")
-    body.append("for cc in range(NCH):")
-    body += ["    " + ln for ln in loop]
-    for i in range(n_w):
-        body.append(f"tl.store({tile(f'DW0_{i}', i)}, dw{i}, mask=mask{i})")
-        if mom:
-            body.append(f"tl.store({tile(f'DS0_{i}', i)}, ds{i}, mask=mask{i})")
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
-    for i in range(n_w):
-        ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
-    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
-    kernels += ("\n    @triton.jit\n    def _minibatch_bwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
-                + "\n".join("        " + ln for ln in body) + "\n")
-    # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
-    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
-    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
-    kernels += "\n" + fwd_src + "\n" + bwd_src
-    flags = {"momentum": mom, "has_alpha": spec.retention.kind == "decay"}
-    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
-            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
+        if self.mom:
+            lines += [f"xds = {_dot(f'x{i}', _tr(f'ds{i}'))}",
+                      f"ddl{i} += kml[:, None] * xds",
+                      f"dx{i} += kml[:, None] * {_dot(f'dl{i}', f'ds{i}')}",
+                      f"dkml += tl.sum(dl{i} * xds, axis=1)",
+                      f"ds0_{i} = bl * dw{i} + thl * ds{i}",
+                      f"dbl_{i} = tl.sum(tl.sum(dw{i} * s{i}, axis=1), axis=0)",
+                      f"dthl_{i} = tl.sum(tl.sum(ds{i} * s{i}, axis=1), axis=0)"]
+        return lines
+
+    def pair_reverse(self, i: int, lft: str, rgt: str) -> list[str]:
+        """One pair (L, R) of the read's ∂ℓ/∂W_t through the dual form (2)."""
+        lines = [f"rx = {_dot(rgt, _tr(f'x{i}'))}", f"ld = {_dot(lft, _tr(f'dl{i}'))}",
+                 f"dw0_{i} += {_dot(_tr(f'{lft} * gam'), rgt)}",
+                 f"ddl{i} += {_dot(_tr('kmat * rx'), lft)}",
+                 f"dx{i} += {_dot(_tr('kmat * ld'), rgt)}",
+                 "dkmat += ld * rx",
+                 f"dgam += tl.sum({lft} * {_dot(rgt, _tr(f'w{i}'))}, axis=1)"]
+        if self.mom:
+            lines += [f"ds0_{i} += {_dot(_tr(f'{lft} * bm'), rgt)}",
+                      f"dbm += tl.sum({lft} * {_dot(rgt, _tr(f's{i}'))}, axis=1)"]
+        return lines
+
+    def factor_reverse(self) -> list[str]:
+        """The gradient factors: dΔ, dX back to k, v, the bias's gates and the anchor W_0."""
+        seeds = {}
+        for i in range(self.n_w):
+            seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
+            seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
+        gvjp = ir.vjp(self.grad, seeds, "memory_grad_vjp")
+        cts = dict(self.tokens)
+        for i, (rows, cols) in enumerate(self.wdims):
+            cts[f"ct_delta{i + 1}"] = (f"ddl{i}", rows)
+            cts[f"ct_input{i + 1}"] = (f"dx{i}", cols)
+        v_lines, v_out, _ = graph_lines(gvjp, "gb_", self.W, self.scal, cts, self.wdims, matmul=self.plain)
+        lines = list(v_lines)
+        lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros([BC, BK], tl.float32)")
+        lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros([BC, BV], tl.float32)")
+        for i in range(self.n_w):
+            j = 0
+            while f"outer{i}_{j}_l" in v_out:
+                lines.append(f"dw0_{i} += {_dot(_tr(v_out[f'outer{i}_{j}_l']), v_out[f'outer{i}_{j}_r'])}")
+                j += 1
+        lines += ["tl.store(DQ + (bh * T + tok[:, None]) * Nk + rk[None, :], dq, mask=mk[None, :])",
+                  "tl.store(DK + (bh * T + tok[:, None]) * Nk + rk[None, :], dk, mask=mk[None, :])",
+                  "tl.store(DV + (bh * T + tok[:, None]) * Nv + rv[None, :], dv, mask=mv[None, :])"]
+        for j, n in enumerate(self.coef_order):
+            if f"d_{n}" in v_out:  # a gate inside the bias (e.g. Huber's δ): a [BC, 1] per-token scalar
+                lines.append(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.sum({v_out[f'd_{n}']} "
+                             f"+ tl.zeros([BC, 1], tl.float32), axis=1))")
+        return lines
+
+    def store_chunk_grads(self) -> list[str]:
+        """The cotangents of the chunk's dual-form coefficients (torch autograd takes them into η, α, θ)."""
+        lines = ["tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], dkmat)",
+                 "tl.store(DGAM + bh * T + tok, dgam)",
+                 "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
+                 "tl.store(DSC + (bh * NCH + ci) * 3, " + " + ".join(f"dgl_{i}" for i in range(self.n_w)) + ")"]
+        if self.mom:
+            lines += ["tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)"]
+            lines += [f"tl.store(DSC + (bh * NCH + ci) * 3 + {j}, " + " + ".join(f"{n}_{i}" for i in range(self.n_w))
+                      + ")" for j, n in ((1, "dbl"), (2, "dthl"))]
+        return lines
