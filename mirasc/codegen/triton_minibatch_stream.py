@@ -60,321 +60,11 @@ of E across programs).
 from __future__ import annotations
 
 import copy
-import re
 from collections import Counter
-from contextlib import contextmanager
 
 from .. import ir
-from .printers import print_triton_block
-from .triton_printing import SIZE, Unsupported
-
-TILE = {"k": "TK", "v": "TV", "e": "TE"}
-AR = {"k": "tk", "v": "tv", "e": "te"}
-
-
-def _dot(a: str, b: str) -> str:
-    return f"tl.dot({a}, {b}, input_precision=PREC)"
-
-
-class Scratch:
-    """Slots of the per-program scratch buffer: offsets as polynomials in BC, Nk, Nv, Ne."""
-
-    def __init__(self):
-        self.used = Counter()
-
-    def take(self, size: dict[str, int]) -> str:
-        off = self.expr(self.used)
-        self.used.update(size)
-        return f"scr + ({off})" if off != "0" else "scr"
-
-    def vec(self, dim: str) -> str:
-        return self.take({f"BC * {SIZE[dim]}": 1})
-
-    def scal(self) -> str:
-        return self.take({"BC": 1})
-
-    def mat(self, rows: str, cols: str) -> str:
-        return self.take({f"{SIZE[rows]} * {SIZE[cols]}": 1})
-
-    @staticmethod
-    def expr(c: Counter) -> str:
-        terms = [f"{n} * {m}" if n != 1 else m for m, n in sorted(c.items()) if n]
-        return " + ".join(terms) if terms else "0"
-
-
-# a stage's temporaries: renamed per stage (acc_7, ...), since Triton refuses a name that a later loop
-# re-assigns with another shape (e.g. [BC, TK] then [BC, TE])
-TEMPS = ("acc", "acc_s", "racc", "amat", "kmat", "_h", "_x", "_d", "_l", "_r", "_w", "_s", "_dw", "_ds", "_lg", "_lb",
-         "_dy", "_c", "_a", "_g", "_pk", "mu", "rs", "var", "s_dy", "s_dyh", "mdy", "mac", "ga", "gc", "r3", "sx",
-         "rx", "lx", "rxk", "lxk")
-_TEMP_RE = re.compile(r"\b(" + "|".join(TEMPS) + r")\b")
-
-
-class Lines:
-    def __init__(self):
-        self.lines: list[str] = []
-        self.ind = 0
-        self.n = 0
-        self.stages = 0
-
-    @contextmanager
-    def stage(self):
-        start = len(self.lines)
-        yield
-        self.stages += 1
-        sfx = f"_{self.stages}"
-        self.lines[start:] = [_TEMP_RE.sub(lambda m: m.group(1) + sfx, ln) for ln in self.lines[start:]]
-
-    def __call__(self, *lines: str) -> None:
-        self.lines += ["    " * self.ind + ln for ln in lines]
-
-    def fresh(self, base: str) -> str:
-        self.n += 1
-        return f"{base}{self.n}"
-
-    @contextmanager
-    def loop(self, dim: str, var: str):
-        self(f"for {var} in range(0, {SIZE[dim]}, {TILE[dim]}):")
-        self.ind += 1
-        yield
-        self.ind -= 1
-
-    def barrier(self) -> None:
-        self("tl.debug_barrier()")
-
-
-# Values: ("vec", dim, base, stride) a [BC, N_dim] row-major block; ("scal", base) a [BC] vector;
-# ("coef", j) column j of the per-token coefficients; ("weight", i).
-
-
-# Addresses are written as (scalar base + tile offset) + (a loop-invariant [rows, cols] offset tensor): the
-# scalar part changes with the loop, so the compiler cannot hoist a [BC, T] pointer tensor per use out of the
-# chunk loop (that kept dozens of them live: 255 registers and spills); the invariant integer offsets are few
-# (one per stride) and shared.
-def ld(v, off: str, dim: str | None = None) -> str:
-    """A [BC, T_dim] tile of vector value v from column `off`; padded columns read as 0. `dim`: the loop's
-    dimension when it differs from v's (x + y with x of Dk and y of Dv lanes, Dk = Dv)."""
-    _, vdim, base, stride = v
-    dim = dim or vdim
-    return (f"tl.load({base} + {off} + (rc[:, None] * {stride} + {AR[dim]}[None, :]), "
-            f"mask=({AR[dim]} < {SIZE[vdim]} - {off})[None, :], other=0.0)")
-
-
-def st(v, off: str, val: str) -> str:
-    _, dim, base, stride = v
-    return (f"tl.store({base} + {off} + (rc[:, None] * {stride} + {AR[dim]}[None, :]), {val}, "
-            f"mask=({AR[dim]} < {SIZE[dim]} - {off})[None, :])")
-
-
-def ld_s(v) -> str:
-    """A per-token scalar value as a [BC, 1] tile."""
-    if v[0] == "coef":
-        return f"tl.load(C + (bh * T + ci * BC) * NC + {v[1]} + rc * NC)[:, None]"
-    return f"tl.load({v[1]} + rc)[:, None]"
-
-
-def wtile(base: str, dims, r: str, c: str) -> tuple[str, str]:
-    """(pointers, mask) of the [T_rows, T_cols] tile at (r, c) of a [N_rows, N_cols] weight at base."""
-    rows, cols = dims
-    return (f"{base} + {r} * {SIZE[cols]} + {c} + ({AR[rows]}[:, None] * {SIZE[cols]} + {AR[cols]}[None, :])",
-            f"({AR[rows]} < {SIZE[rows]} - {r})[:, None] & ({AR[cols]} < {SIZE[cols]} - {c})[None, :]")
-
-
-def wload(base: str, dims, r: str, c: str) -> str:
-    p, m = wtile(base, dims, r, c)
-    return f"tl.load({p}, mask={m}, other=0.0)"
-
-
-def wstore(base: str, dims, r: str, c: str, val: str) -> str:
-    p, m = wtile(base, dims, r, c)
-    return f"tl.store({p}, {val}, mask={m})"
-
-
-class GraphPrinter:
-    """Prints one IR graph as tiled stages. `anchor[i]` (W_0) and `mom_anchor[i]` (S_0) are weight bases;
-    `factors[i]` = (Δ_i, X_i) values for the dual form (None: plain matmuls on the anchor)."""
-
-    def __init__(self, em: Lines, scr: Scratch, wdims, anchor, mom_anchor, factors, mom: bool):
-        self.em, self.scr, self.wdims = em, scr, wdims
-        self.anchor, self.mom_anchor, self.factors, self.mom = anchor, mom_anchor, factors, mom
-
-    def new_vec(self, dim: str):
-        return ("vec", dim, self.scr.vec(dim), SIZE[dim])
-
-    def run(self, gr: ir.Graph, env: dict) -> dict:
-        vals, outs = {}, {}
-        for nid in gr.order():
-            op, srcs = gr.node(nid), gr.srcs(nid)
-            a = [vals[s] for s in srcs]
-            if op.op == "input":
-                vals[nid] = env[op.arg]
-            elif op.op == "weight":
-                vals[nid] = ("weight", op.arg)
-            elif op.op == "output":
-                outs[op.arg] = a[0]
-            else:
-                self.em(f"# {op.name} = {op.op}")
-                with self.em.stage():
-                    vals[nid] = getattr(self, "op_" + op.op)(op, a)
-                self.em.barrier()
-        return outs
-
-    # ------------------------------------------------------------------ elementwise and reductions
-    def op_ew(self, op, a):
-        expr, syms = op.arg
-        em = self.em
-        vdims = [v[1] for v in a if v[0] == "vec"]
-        if not a:  # a constant vector (of the value dimension, as the one-tile printer)
-            out = self.new_vec("v")
-            with em.loop("v", "j"):
-                em(st(out, "j", f"tl.full([BC, TV], {float(expr)!r}, tl.float32)"))
-            return out
-        names = {}
-        if not vdims:  # per-token scalars only
-            for s, v in zip(syms, a):
-                names[s] = em.fresh("_a")
-                em(f"{names[s]} = {ld_s(v)}")
-            var = em.fresh("_r")
-            em(*print_triton_block({var: expr}, names, prefix=f"{var}_"))
-            out = ("scal", self.scr.scal())
-            em(f"tl.store({out[1]} + rc, tl.sum({var} + tl.zeros([BC, 1], tl.float32), axis=1))")
-            return out
-        out = self.new_vec(vdims[0])
-        with em.loop(vdims[0], "j"):
-            for s, v in zip(syms, a):
-                names[s] = em.fresh("_a")
-                em(f"{names[s]} = {ld(v, 'j', vdims[0]) if v[0] == 'vec' else ld_s(v)}")
-            var = em.fresh("_r")
-            em(*print_triton_block({var: expr}, names, prefix=f"{var}_"))
-            em(st(out, "j", var))
-        return out
-
-    def _sum(self, v, term, acc: str, init: bool = True) -> None:
-        """acc (a [BC] register vector) += Σ over v's columns of term(tile var)."""
-        em = self.em
-        if init:
-            em(f"{acc} = tl.zeros([BC], tl.float32)")
-        with em.loop(v[1], "j"):
-            t = em.fresh("_x")
-            em(f"{t} = {ld(v, 'j')}")
-            em(f"{acc} += tl.sum({term(t)}, axis=1)")
-
-    def _red(self, op, a, fn):
-        out = ("scal", self.scr.scal())
-        self._sum(a[0], lambda t: f"{t} * {t}" if op.op != "rowsum" else t, "racc")
-        self.em(f"tl.store({out[1]} + rc, {fn('racc')})")
-        return out
-
-    def op_rownorm(self, op, a):
-        return self._red(op, a, lambda x: f"tl.sqrt({x})")
-
-    def op_rowsumsq(self, op, a):
-        return self._red(op, a, lambda x: x)
-
-    def op_rowsum(self, op, a):
-        return self._red(op, a, lambda x: x)
-
-    def _moments(self, z, n):
-        """mu [BC, 1] and rstd [BC, 1] of z's rows (two passes)."""
-        N = SIZE[n]
-        self._sum(z, lambda t: t, "mu")
-        self.em(f"mu = (mu / {N})[:, None]")
-        cen = f"tl.where(({AR[n]} < {N} - j)[None, :], {{t}} - mu, 0.0)"
-        self._sum(z, lambda t: f"{cen.format(t=t)} * {cen.format(t=t)}", "var")
-        self.em(f"rs = tl.rsqrt(var / {N} + 1e-5)[:, None]")
-
-    def _mask(self, n):
-        return f"({AR[n]} < {SIZE[n]} - j)[None, :]"
-
-    def op_layernorm(self, op, a):
-        z = a[0]
-        n = z[1]
-        self._moments(z, n)
-        out = self.new_vec(n)
-        with self.em.loop(n, "j"):
-            self.em(st(out, "j", f"({ld(z, 'j')} - mu) * rs"))
-        return out
-
-    def op_layernorm_bwd(self, op, a):
-        z, dy = a
-        n, N, em = z[1], SIZE[z[1]], self.em
-        self._moments(z, n)
-        em("s_dy = tl.zeros([BC], tl.float32)", "s_dyh = tl.zeros([BC], tl.float32)")
-        with em.loop(n, "j"):
-            em(f"_dy = {ld(dy, 'j')}", f"_h = tl.where({self._mask(n)}, {ld(z, 'j')} - mu, 0.0) * rs",
-               "s_dy += tl.sum(_dy, axis=1)", "s_dyh += tl.sum(_dy * _h, axis=1)")
-        out = self.new_vec(n)
-        with em.loop(n, "j"):
-            em(f"_h = ({ld(z, 'j')} - mu) * rs",
-               st(out, "j", f"rs * ({ld(dy, 'j')} - s_dy[:, None] / {N} - _h * s_dyh[:, None] / {N})"))
-        return out
-
-    def op_layernorm_bwd2(self, op, a):
-        """∂/∂z ⟨g, layernorm_bwd(z, dy)⟩, the one-tile printer's formula with its row sums taken over tiles."""
-        z, dy, g = a
-        n, N, em = z[1], SIZE[z[1]], self.em
-        self._moments(z, n)
-        self._sum(dy, lambda t: t, "mdy")
-        em(f"mdy = (mdy / {N})[:, None]")
-        for s in ("mac", "ga", "gc"):
-            em(f"{s} = tl.zeros([BC], tl.float32)")
-        with em.loop(n, "j"):
-            em(f"_c = tl.where({self._mask(n)}, {ld(z, 'j')} - mu, 0.0)",
-               f"_a = tl.where({self._mask(n)}, {ld(dy, 'j')} - mdy, 0.0)", f"_g = {ld(g, 'j')}",
-               "mac += tl.sum(_a * _c, axis=1)", "ga += tl.sum(_g * _a, axis=1)", "gc += tl.sum(_g * _c, axis=1)")
-        em(f"mac = (mac / {N})[:, None]", "ga = ga[:, None]", "gc = gc[:, None]", "r3 = rs * rs * rs")
-        x = (f"tl.where({self._mask(n)}, r3 * ((3.0 * rs * rs * mac * gc - ga) * _c / {N} - gc * _a / {N} "
-             "- mac * _g), 0.0)")
-        tile = [f"_c = tl.where({self._mask(n)}, {ld(z, 'j')} - mu, 0.0)",
-                f"_a = tl.where({self._mask(n)}, {ld(dy, 'j')} - mdy, 0.0)", f"_g = {ld(g, 'j')}"]
-        em("sx = tl.zeros([BC], tl.float32)")
-        with em.loop(n, "j"):
-            em(*tile, f"sx += tl.sum({x}, axis=1)")
-        out = self.new_vec(n)
-        with em.loop(n, "j"):
-            em(*tile, st(out, "j", f"{x} - sx[:, None] / {N}"))
-        return out
-
-    # ------------------------------------------------------------------ matmuls
-    def op_layer(self, op, a):
-        return self._matmul(op.arg, a[-1], False)
-
-    op_linear = op_layer
-
-    def op_linear_t(self, op, a):
-        return self._matmul(op.arg, a[1], True)
-
-    def _matmul(self, i, h, transposed):
-        """layer/linear: Z = H W_iᵀ (in: cols, out: rows); linear_t: Z = G W_i (in: rows, out: cols); on the
-        anchor, or with the dual form when factors are given."""
-        rows, cols = self.wdims[i]
-        din, dout = (rows, cols) if transposed else (cols, rows)
-        em = self.em
-        dual = self.factors is not None
-        if dual:
-            dl, x = self.factors[i]
-            f_in, f_out = (dl, x) if transposed else (x, dl)
-            em("amat = tl.zeros([BC, BC], tl.float32)")
-            with em.loop(din, "i"):
-                em(f"amat += {_dot(ld(h, 'i'), 'tl.trans(' + ld(f_in, 'i') + ')')}")
-            em("amat = kmat * amat")
-        out = self.new_vec(dout)
-        with em.loop(dout, "j"):
-            em(f"acc = tl.zeros([BC, {TILE[dout]}], tl.float32)")
-            with em.loop(din, "i"):
-                em(f"_h = {ld(h, 'i')}")
-                # γ ∘ (H W_0ᵀ) = (γ ∘ H) W_0ᵀ: a row scale commutes with the matmul, so one accumulator
-                bases = [("_h * gam" if dual else "_h", self.anchor[i])]
-                if dual and self.mom:
-                    bases.append(("_h * bm", self.mom_anchor[i]))
-                for lhs, base in bases:
-                    if transposed:
-                        em(f"acc += {_dot(lhs, wload(base, self.wdims[i], 'i', 'j'))}")
-                    else:
-                        em(f"acc += {_dot(lhs, 'tl.trans(' + wload(base, self.wdims[i], 'j', 'i') + ')')}")
-            val = f"acc + {_dot('amat', ld(f_out, 'j'))}" if dual else "acc"
-            em(st(out, "j", val))
-        return out
+from .triton_printing import SIZE, Unsupported, jit_kernel
+from .triton_stream_printer import TILE, GraphPrinter, Lines, Scratch, _dot, ld, st, wload, wstore
 
 
 def check(spec) -> None:
@@ -494,9 +184,8 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str])
     ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
     for i in range(len(wdims)):
         ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
-    src = ("    @triton.jit\n    def _minibatch_stream_fwd(" + ", ".join(ptrs + ["SCR"]) + ", " + CONSTS
-           + "):  # noqa: C901\n" + "\n".join("        " + ln for ln in em.lines) + "\n")
-    return src, Scratch.expr(scr.used)
+    return jit_kernel("_minibatch_stream_fwd", ", ".join(ptrs + ["SCR"]) + ", " + CONSTS, em.lines), \
+        Scratch.expr(scr.used)
 
 
 def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> tuple[str, str]:
@@ -508,100 +197,121 @@ def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]
       B: the factors' reverse (dk, dv, the bias's gates) and dW_0 = M + Σ Lᵀ R, dS_0 = MS.
     Each kernel only reads what the other writes, so a repeated launch (the autotuner's) gives the same result.
     Returns (both kernels' source, scratch floats per program)."""
-    mom = spec.learner.kind == "momentum"
-    wdims = spec.weight_dims()
-    n_w = len(wdims)
-    gvjp = ir.vjp(grad, {f"{n}{i + 1}": f"ct_{n}{i + 1}" for i in range(n_w) for n in ("delta", "input")},
-                  "memory_grad_vjp")
-    fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
-    shared = Scratch()  # what A hands to B; each kernel's own slots come after
-    size = [f"{SIZE[r]} * {SIZE[c]}" for r, c in wdims]
-    mid = [shared.take({size[i]: 1}) for i in range(n_w)]
-    mid_s = [shared.take({size[i]: 1}) for i in range(n_w)] if mom else [None] * n_w
-    ddl = [("vec", r, shared.vec(r), SIZE[r]) for r, _ in wdims]
-    dx = [("vec", c, shared.vec(c), SIZE[c]) for _, c in wdims]
-    dw = [f"DW0_{i} + bh * {size[i]}" for i in range(n_w)]
-    ds = [f"DS0_{i} + bh * {size[i]}" for i in range(n_w)] if mom else [None] * n_w
-    anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
-    mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
-
-    def start():
-        em, scr = Lines(), copy.deepcopy(shared)
-        _prologue(em)
-        em("ci = NCH - 1 - CC")
-        _chunk_coefs(em, mom)
-        env, facs = _factors(em, scr, wdims, grad, coef_order, anchors, mom_anchors, mom)
-        return em, scr, env, facs
-
-    # ---- A
-    em, scr_a, env, facs = start()
-    em("tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], tl.zeros([BC, BC], tl.float32))",
-       "dgam = tl.zeros([BC], tl.float32)", "dkl = tl.zeros([BC], tl.float32)", "dgl = 0.0")
-    if mom:
-        em("dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)", "dbl = 0.0", "dthl = 0.0")
-    # the read's reverse, printed with the dual form: dq and the pairs (L, R) of ∂ℓ/∂W_t
-    fo = _Printer(em, scr_a, wdims, anchors, mom_anchors, facs, mom).run(
-        fvjp, {"x": _tokens("Q", "k"), "ct_y": _tokens("DO", "v")})
-    _copy_tokens(em, "k", fo.get("d_x"), _tokens("DQ", "k"))
-    for i, wd in enumerate(wdims):
-        _chunk_end_bwd(em, i, wd, facs[i], ddl[i], dx[i], dw[i], mid[i], anchors[i], ds[i], mid_s[i], mom_anchors[i])
-    em.barrier()
-    for i, wd in enumerate(wdims):
-        j = 0
-        while f"outer{i}_{j}_l" in fo:
-            _pair_bwd(em, wd, facs[i], fo[f"outer{i}_{j}_l"], fo[f"outer{i}_{j}_r"], ddl[i], dx[i], mid[i],
-                      anchors[i], mid_s[i], mom_anchors[i])
-            em.barrier()
-            j += 1
-    em("tl.store(DGAM + bh * T + tok, dgam)", "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
-       "tl.store(DSC + (bh * NCH + ci) * 3, dgl)")
-    if mom:
-        em("tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
-           "tl.store(DSC + (bh * NCH + ci) * 3 + 1, dbl)", "tl.store(DSC + (bh * NCH + ci) * 3 + 2, dthl)")
-    lines_a = em.lines
-
-    # ---- B: the gradient factors' reverse: dΔ, dX back to k, v, the bias's gates and W_0
-    em, scr_b, env, facs = start()
-    env = dict(env)
-    for i in range(n_w):
-        env[f"ct_delta{i + 1}"], env[f"ct_input{i + 1}"] = ddl[i], dx[i]
-    go = _Printer(em, scr_b, wdims, anchors, mom_anchors, None, mom).run(gvjp, env)
-    _copy_tokens(em, "k", go.get("d_k"), _tokens("DK", "k"))
-    _copy_tokens(em, "v", go.get("d_v"), _tokens("DV", "v"))
-    for j, n in enumerate(coef_order):
-        if f"d_{n}" in go:
-            v = go[f"d_{n}"]
-            if v[0] != "scal":
-                raise Unsupported(f"the gradient of the gate {n} is not a per-token scalar")
-            em(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.load({v[1]} + rc))")
-    for i, wd in enumerate(wdims):
-        _copy_weight(em, wd, mid[i], dw[i])
-        if mom:
-            _copy_weight(em, wd, mid_s[i], ds[i])
-    em.barrier()
-    for i, wd in enumerate(wdims):
-        j = 0
-        while f"outer{i}_{j}_l" in go:
-            lft, rgt = go[f"outer{i}_{j}_l"], go[f"outer{i}_{j}_r"]
-            _each_tile(em, wd, lambda lft=lft, rgt=rgt, i=i, wd=wd: em(
-                wstore(dw[i], wd, "j", "i", wload(dw[i], wd, "j", "i") + " + "
-                       + _dot(f"tl.trans({ld(lft, 'j')})", ld(rgt, "i")))))
-            em.barrier()
-            j += 1
-    lines_b = em.lines
-
+    bw = _Backward(spec, forward, grad, coef_order)
+    lines_a, scr_a = bw.kernel_a()
+    lines_b, scr_b = bw.kernel_b()
     ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
-    for i in range(n_w):
+    for i in range(bw.n_w):
         ptrs += [f"CKW{i}", f"CKS{i}", f"DW0_{i}", f"DS0_{i}"]
     ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR", "CC"]
     src = ""
     for name, lines in (("a", lines_a), ("b", lines_b)):
-        src += (f"\n    @triton.jit\n    def _minibatch_stream_bwd_{name}(" + ", ".join(ptrs) + ", " + CONSTS
-                + "):  # noqa: C901\n" + "\n".join("        " + ln for ln in lines) + "\n")
+        src += "\n" + jit_kernel(f"_minibatch_stream_bwd_{name}", ", ".join(ptrs) + ", " + CONSTS, lines)
     used = Counter(scr_a.used)
     for m, n in scr_b.used.items():
         used[m] = max(used[m], n)
     return src, Scratch.expr(used)
+
+
+class _Backward:
+    """The scratch both backward kernels share (what A hands to B: M, MS, dΔ, dX) and the weights' bases."""
+
+    def __init__(self, spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]):
+        self.grad, self.coef_order = grad, coef_order
+        self.mom = mom = spec.learner.kind == "momentum"
+        self.wdims = wdims = spec.weight_dims()
+        self.n_w = n_w = len(wdims)
+        self.gvjp = ir.vjp(grad, {f"{n}{i + 1}": f"ct_{n}{i + 1}" for i in range(n_w) for n in ("delta", "input")},
+                           "memory_grad_vjp")
+        self.fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
+        self.shared = shared = Scratch()  # what A hands to B; each kernel's own slots come after
+        size = [f"{SIZE[r]} * {SIZE[c]}" for r, c in wdims]
+        self.mid = [shared.take({size[i]: 1}) for i in range(n_w)]
+        self.mid_s = [shared.take({size[i]: 1}) for i in range(n_w)] if mom else [None] * n_w
+        self.ddl = [("vec", r, shared.vec(r), SIZE[r]) for r, _ in wdims]
+        self.dx = [("vec", c, shared.vec(c), SIZE[c]) for _, c in wdims]
+        self.dw = [f"DW0_{i} + bh * {size[i]}" for i in range(n_w)]
+        self.ds = [f"DS0_{i} + bh * {size[i]}" for i in range(n_w)] if mom else [None] * n_w
+        self.anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
+        self.mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
+
+    def start(self):
+        """A kernel's prologue: the chunk (CC counts from the last), its coefficients and gradient factors."""
+        em, scr = Lines(), copy.deepcopy(self.shared)
+        _prologue(em)
+        em("ci = NCH - 1 - CC")
+        _chunk_coefs(em, self.mom)
+        env, facs = _factors(em, scr, self.wdims, self.grad, self.coef_order, self.anchors, self.mom_anchors,
+                             self.mom)
+        return em, scr, env, facs
+
+    def printer(self, em, scr, facs):
+        return _Printer(em, scr, self.wdims, self.anchors, self.mom_anchors, facs, self.mom)
+
+    def kernel_a(self):
+        """The read's reverse, printed with the dual form (dq and the pairs (L, R) of ∂ℓ/∂W_t), then the chunk
+        end's reverse and each pair through (2)."""
+        em, scr, env, facs = self.start()
+        mom = self.mom
+        em("tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], tl.zeros([BC, BC], tl.float32))",
+           "dgam = tl.zeros([BC], tl.float32)", "dkl = tl.zeros([BC], tl.float32)", "dgl = 0.0")
+        if mom:
+            em("dbm = tl.zeros([BC], tl.float32)", "dkml = tl.zeros([BC], tl.float32)", "dbl = 0.0", "dthl = 0.0")
+        fo = self.printer(em, scr, facs).run(self.fvjp, {"x": _tokens("Q", "k"), "ct_y": _tokens("DO", "v")})
+        _copy_tokens(em, "k", fo.get("d_x"), _tokens("DQ", "k"))
+        for i, wd in enumerate(self.wdims):
+            _chunk_end_bwd(em, i, wd, facs[i], self.ddl[i], self.dx[i], self.dw[i], self.mid[i], self.anchors[i],
+                           self.ds[i], self.mid_s[i], self.mom_anchors[i])
+        em.barrier()
+        for i, wd in enumerate(self.wdims):
+            for lft, rgt in _pairs(fo, i):
+                _pair_bwd(em, wd, facs[i], lft, rgt, self.ddl[i], self.dx[i], self.mid[i], self.anchors[i],
+                          self.mid_s[i], self.mom_anchors[i])
+                em.barrier()
+        em("tl.store(DGAM + bh * T + tok, dgam)", "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
+           "tl.store(DSC + (bh * NCH + ci) * 3, dgl)")
+        if mom:
+            em("tl.store(DBM + bh * T + tok, dbm)", "tl.store(DKML + (bh * NCH + ci) * BC + rc, dkml)",
+               "tl.store(DSC + (bh * NCH + ci) * 3 + 1, dbl)", "tl.store(DSC + (bh * NCH + ci) * 3 + 2, dthl)")
+        return em.lines, scr
+
+    def kernel_b(self):
+        """The gradient factors' reverse: dΔ, dX back to k, v, the bias's gates and W_0."""
+        em, scr, env, facs = self.start()
+        env = dict(env)
+        for i in range(self.n_w):
+            env[f"ct_delta{i + 1}"], env[f"ct_input{i + 1}"] = self.ddl[i], self.dx[i]
+        go = self.printer(em, scr, None).run(self.gvjp, env)
+        _copy_tokens(em, "k", go.get("d_k"), _tokens("DK", "k"))
+        _copy_tokens(em, "v", go.get("d_v"), _tokens("DV", "v"))
+        for j, n in enumerate(self.coef_order):
+            if f"d_{n}" in go:
+                v = go[f"d_{n}"]
+                if v[0] != "scal":
+                    raise Unsupported(f"the gradient of the gate {n} is not a per-token scalar")
+                em(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.load({v[1]} + rc))")
+        for i, wd in enumerate(self.wdims):
+            _copy_weight(em, wd, self.mid[i], self.dw[i])
+            if self.mom:
+                _copy_weight(em, wd, self.mid_s[i], self.ds[i])
+        em.barrier()
+        for i, wd in enumerate(self.wdims):
+            dw = self.dw[i]
+            for lft, rgt in _pairs(go, i):
+                _each_tile(em, wd, lambda lft=lft, rgt=rgt, wd=wd, dw=dw: em(
+                    wstore(dw, wd, "j", "i", wload(dw, wd, "j", "i") + " + "
+                           + _dot(f"tl.trans({ld(lft, 'j')})", ld(rgt, "i")))))
+                em.barrier()
+        return em.lines, scr
+
+
+def _pairs(outputs: dict, i: int) -> list:
+    """The pairs (L, R) of a reverse-mode graph's cotangent Σ L Rᵀ of weight i."""
+    out, j = [], 0
+    while f"outer{i}_{j}_l" in outputs:
+        out.append((outputs[f"outer{i}_{j}_l"], outputs[f"outer{i}_{j}_r"]))
+        j += 1
+    return out
 
 
 @_staged
