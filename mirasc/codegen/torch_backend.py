@@ -210,17 +210,36 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
 
 
 def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
-    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    """The emitted module: docstring, the torch template (its flags and slots), the Triton sections, the Layer."""
+    r, l = spec.retention, spec.learner
     kind, reason = chunked_form(spec, grad)
-    channel_decay = _channel_decay_side(spec)
     coefs = spec.coefficients()
     constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS}
     for g, val in S.UNDECLARED.items():
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
+    flags = _flags(spec, d, kind)
+    subs = _slots(spec, d, forward, grad, kind, reason, constants)
+    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
+    triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
+    subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
+    subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
+    body = preprocess(TEMPLATE, flags)
+    for key, val in subs.items():
+        body = body.replace("{{" + key + "}}", val)
+    if "{{" in body:
+        raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
+    triton_line = _triton_line(spec, triton_section, no_triton, family, minibatch, flags["chunk_readout_triton"])
+    return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
+
+
+def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
+    """The `# @if` flags of the torch template (the Triton ones are added by _triton_sections)."""
+    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    channel_decay = _channel_decay_side(spec)
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # CONTRACT §7 (lq or kl)
-    flags = {
+    return {
         "minibatch": par.kind == "minibatch",
         "chunk_readout": chunk_readout,
         "chunk_lq": chunk_readout and r.kind == "lq",
@@ -253,7 +272,13 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
                            and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
-    subs = {
+
+
+def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kind: str | None, reason: str,
+           constants: dict[str, float]) -> dict[str, str]:
+    """The {{SLOT}} texts of the torch template."""
+    r, par = spec.retention, spec.parallel
+    return {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
         "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
@@ -271,9 +296,17 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
-        "CHANNEL_SIDE": channel_decay or "",
+        "CHANNEL_SIDE": _channel_decay_side(spec) or "",
     }
-    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
+
+
+def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                     kind: str | None, flags: dict[str, bool]) -> tuple[str, str, str | None, bool]:
+    """The Triton sections of the module: the fused recurrent kernels, then at most one chunk-parallel family
+    (chunked, or else mini-batch). Returns (source, why there is none, the chunk family, whether mini-batch)
+    and sets the template's Triton flags."""
+    r, par = spec.retention, spec.parallel
+    chunk_readout = flags["chunk_readout"]
     # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
     # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
     # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.
@@ -305,30 +338,27 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout
-    subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
     if minibatch:
         triton_section += triton_minibatch.emit_minibatch(tri_spec, d, forward, tri_grad, tri_coefs, preprocess)
-    subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
-    body = preprocess(TEMPLATE, flags)
-    for key, val in subs.items():
-        body = body.replace("{{" + key + "}}", val)
-    if "{{" in body:
-        raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
+    return triton_section, no_triton, family, minibatch
+
+
+def _triton_line(spec: S.Spec, triton_section: str, no_triton: str, family: str | None, minibatch: bool,
+                 chunk_readout_triton: bool) -> str:
+    """The docstring's line on what runs with backend='triton'."""
     if not triton_section:
-        triton_line = f"Triton: none ({no_triton})."
-    else:
-        triton_line = ("Triton (backend='triton'): a fused recurrent kernel printed from the IR, with a generated "
-                       "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
-                                                   if family else "")
-                       + ("; mini-batch dual-form kernels, forward and backward" if minibatch else "") + ".")
-        if flags["chunk_readout_triton"]:
-            how = ("each chunk's lag token in torch and the rest of the chunk" if r.kind == "kl" else
-                   "each chunk, anchored at A_{s-1}/n_c with weight i's updates scaled by 1/n_i,")
-            kernels = f"chunked {family} family" if family else "mini-batch"
-            triton_line = (f"Triton (backend='triton', algorithm='chunked' or 'auto'): readout=chunk runs {how} on the "
-                           f"dual-form kernels of its decay form ({kernels} kernels, forward and backward), one launch "
-                           "per chunk; no fused recurrent kernel.")
-    return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
+        return f"Triton: none ({no_triton})."
+    if chunk_readout_triton:
+        how = ("each chunk's lag token in torch and the rest of the chunk" if spec.retention.kind == "kl" else
+               "each chunk, anchored at A_{s-1}/n_c with weight i's updates scaled by 1/n_i,")
+        kernels = f"chunked {family} family" if family else "mini-batch"
+        return (f"Triton (backend='triton', algorithm='chunked' or 'auto'): readout=chunk runs {how} on the "
+                f"dual-form kernels of its decay form ({kernels} kernels, forward and backward), one launch "
+                "per chunk; no fused recurrent kernel.")
+    return ("Triton (backend='triton'): a fused recurrent kernel printed from the IR, with a generated "
+            "reverse-sweep backward" + (f"; chunked kernels for the {family} family, forward and backward"
+                                        if family else "")
+            + ("; mini-batch dual-form kernels, forward and backward" if minibatch else "") + ".")
 
 
 def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, triton_line: str = "") -> str:
