@@ -43,6 +43,46 @@ def test_flash_matches_torch(case, dtype, tol):
         assert rel(a, b) < 4 * tol, name
 
 
+@pytest.mark.parametrize("case", ["causal", "window", "cross"])
+@pytest.mark.parametrize("tiles", [(16, 32), (32, 16)])
+def test_flash_tiles_of_different_sizes(monkeypatch, case, tiles):
+    """A GPU may launch any configuration of the autotuning space, which pairs query tiles BM with key tiles
+    BN of another size (the causal and window loop bounds then start inside a tile): outputs and gradients
+    are the same for each pairing."""
+    mod = mirasc.compile_spec(CASES[case])
+    monkeypatch.setattr(mod, "_flash_kernel", lambda kernel, x, *sizes: (kernel, {"BM": tiles[0], "BN": tiles[1]}))
+    g = torch.Generator().manual_seed(1)
+    T, Tk = 45, (29 if case == "cross" else 45)
+    q = torch.randn(1, T, 2, 16, generator=g, requires_grad=True)
+    k = torch.randn(1, Tk, 2, 16, generator=g, requires_grad=True)
+    v = torch.randn(1, Tk, 2, 12, generator=g, requires_grad=True)
+    o, _ = mod.apply(q, k, v, backend="triton")
+    ref, _ = mod.apply(q.double(), k.double(), v.double(), backend="torch")
+    assert rel(o, ref) < 1e-5
+    do = torch.randn(o.shape, generator=g)
+    grads = torch.autograd.grad((o * do).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * do.double()).sum(), (q, k, v))
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert rel(a, b) < 4e-5, name
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("smem_limit", [101376, 166912, 232448])
+def test_flash_autotuning_space_keeps_a_configuration(D, smem_limit):
+    """Every flash kernel keeps at least one configuration on GPUs with 99 KB (sm_86/89), 163 KB (sm_80) and
+    227 KB (sm_90) of shared memory per block, each within the limit by the module's model, safest first."""
+    mod = mirasc.compile_spec(CASES["causal"])
+    for name in mod._FLASH_KERNELS:
+        def key(c):
+            return c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages
+
+        kept = [key(c) for c in mod._flash_configs(name, D, D, smem_limit)]
+        assert kept, name
+        assert [c for c in map(key, mod._flash_configs(name, D, D, None)) if c in kept] == kept  # same order
+        for bm, bn, _, stages in kept:
+            assert mod._flash_smem_estimate(name, bm, bn, D, D, stages) <= smem_limit
+
+
 def test_no_triton_kernel_is_said_plainly():
     mod = mirasc.compile_spec("model b { memory = nonparametric(kernel=additive)\n bias = l2 }")
     x = torch.randn(1, 4, 1, 8)
