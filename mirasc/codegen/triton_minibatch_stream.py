@@ -64,7 +64,7 @@ from collections import Counter
 
 from .. import ir
 from .triton_printing import SIZE, Unsupported, jit_kernel
-from .triton_stream_printer import TILE, GraphPrinter, Lines, Scratch, _dot, ld, st, wload, wstore
+from .triton_stream_printer import TILE, GraphPrinter, Lines, Scratch, dot, ld, st, wload, wstore
 
 
 def check(spec) -> None:
@@ -172,12 +172,12 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str])
             if mom:
                 em(f"_s = {wload(mom_anchors[i], wd, 'j', 'i')}",
                    wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"gl * _w + bl * _s + {_dot('tl.trans(_d * kl[:, None])', '_x')}"),
+                          f"gl * _w + bl * _s + {dot('tl.trans(_d * kl[:, None])', '_x')}"),
                    wstore(_ck(f"CKS{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"thl * _s + {_dot('tl.trans(_d * kml[:, None])', '_x')}"))
+                          f"thl * _s + {dot('tl.trans(_d * kml[:, None])', '_x')}"))
             else:
                 em(wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"gl * _w + {_dot('tl.trans(_d * kl[:, None])', '_x')}"))
+                          f"gl * _w + {dot('tl.trans(_d * kl[:, None])', '_x')}"))
         _each_tile(em, wd, end)
     em.barrier()
     em.ind -= 1
@@ -300,7 +300,7 @@ class _Backward:
             for lft, rgt in _pairs(go, i):
                 _each_tile(em, wd, lambda lft=lft, rgt=rgt, wd=wd, dw=dw: em(
                     wstore(dw, wd, "j", "i", wload(dw, wd, "j", "i") + " + "
-                           + _dot(f"tl.trans({ld(lft, 'j')})", ld(rgt, "i")))))
+                           + dot(f"tl.trans({ld(lft, 'j')})", ld(rgt, "i")))))
                 em.barrier()
         return em.lines, scr
 
@@ -328,9 +328,9 @@ def _chunk_end_bwd(em, i, wd, fac, ddl, dx, dw, dwn, w0, ds, dsn, s0):
         if ds:
             em(f"acc_s = tl.zeros([BC, {TILE[outer]}], tl.float32)")
         with em.loop(inner, "i" if inner == cols else "j"):
-            em(f"{tmp} = {fac_tile}", f"acc += {_dot(tmp, weight(dw))}")
+            em(f"{tmp} = {fac_tile}", f"acc += {dot(tmp, weight(dw))}")
             if ds:
-                em(f"acc_s += {_dot(tmp, weight(ds))}")
+                em(f"acc_s += {dot(tmp, weight(ds))}")
 
     scaled = "kl[:, None] * acc" + (" + kml[:, None] * acc_s" if ds else "")
     with em.loop(rows, "j"):  # dΔ = kl ∘ (X dWᵀ) (+ kml ∘ (X dSᵀ)), and dk_n
@@ -362,31 +362,31 @@ def _pair_bwd(em, wd, fac, lft, rgt, ddl, dx, dwn, w0, dsn, s0):
     em("# a pair (L, R) of the read's weight cotangent", "rx = tl.zeros([BC, BC], tl.float32)",
        "lx = tl.zeros([BC, BC], tl.float32)")
     with em.loop(cols, "i"):
-        em(f"rx += {_dot(ld(rgt, 'i'), 'tl.trans(' + ld(x, 'i') + ')')}")
+        em(f"rx += {dot(ld(rgt, 'i'), 'tl.trans(' + ld(x, 'i') + ')')}")
     with em.loop(rows, "j"):
-        em(f"lx += {_dot(ld(lft, 'j'), 'tl.trans(' + ld(dl, 'j') + ')')}")
+        em(f"lx += {dot(ld(lft, 'j'), 'tl.trans(' + ld(dl, 'j') + ')')}")
     _kmat(em)
     em("_pk = DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :]",
        "tl.store(_pk, tl.load(_pk) + lx * rx)", "rxk = tl.trans(kmat * rx)", "lxk = tl.trans(kmat * lx)")
     with em.loop(rows, "j"):
-        em(f"_l = {ld(lft, 'j')}", st(ddl, "j", f"{ld(ddl, 'j')} + {_dot('rxk', '_l')}"),
+        em(f"_l = {ld(lft, 'j')}", st(ddl, "j", f"{ld(ddl, 'j')} + {dot('rxk', '_l')}"),
            f"acc = tl.zeros([BC, {TILE[rows]}], tl.float32)")
         if dsn:
             em(f"acc_s = tl.zeros([BC, {TILE[rows]}], tl.float32)")
         with em.loop(cols, "i"):
-            em(f"_r = {ld(rgt, 'i')}", f"acc += {_dot('_r', 'tl.trans(' + wload(w0, wd, 'j', 'i') + ')')}")
+            em(f"_r = {ld(rgt, 'i')}", f"acc += {dot('_r', 'tl.trans(' + wload(w0, wd, 'j', 'i') + ')')}")
             if dsn:
-                em(f"acc_s += {_dot('_r', 'tl.trans(' + wload(s0, wd, 'j', 'i') + ')')}")
+                em(f"acc_s += {dot('_r', 'tl.trans(' + wload(s0, wd, 'j', 'i') + ')')}")
         em("dgam += tl.sum(_l * acc, axis=1)")
         if dsn:
             em("dbm += tl.sum(_l * acc_s, axis=1)")
     with em.loop(cols, "i"):
-        em(st(dx, "i", f"{ld(dx, 'i')} + {_dot('lxk', ld(rgt, 'i'))}"))
+        em(st(dx, "i", f"{ld(dx, 'i')} + {dot('lxk', ld(rgt, 'i'))}"))
     with em.loop(rows, "j"):
         em(f"_lg = tl.trans({ld(lft, 'j')} * gam)")
         if dsn:
             em(f"_lb = tl.trans({ld(lft, 'j')} * bm)")
         with em.loop(cols, "i"):
-            em(f"_r = {ld(rgt, 'i')}", wstore(dwn, wd, "j", "i", f"{wload(dwn, wd, 'j', 'i')} + {_dot('_lg', '_r')}"))
+            em(f"_r = {ld(rgt, 'i')}", wstore(dwn, wd, "j", "i", f"{wload(dwn, wd, 'j', 'i')} + {dot('_lg', '_r')}"))
             if dsn:
-                em(wstore(dsn, wd, "j", "i", f"{wload(dsn, wd, 'j', 'i')} + {_dot('_lb', '_r')}"))
+                em(wstore(dsn, wd, "j", "i", f"{wload(dsn, wd, 'j', 'i')} + {dot('_lb', '_r')}"))

@@ -23,7 +23,7 @@ TILE = {"k": "TK", "v": "TV", "e": "TE"}
 AR = {"k": "tk", "v": "tv", "e": "te"}
 
 
-def _dot(a: str, b: str) -> str:
+def dot(a: str, b: str) -> str:
     return f"tl.dot({a}, {b}, input_precision=PREC)"
 
 
@@ -303,7 +303,7 @@ class GraphPrinter:
             f_in, f_out = (dl, x) if transposed else (x, dl)
             em("amat = tl.zeros([BC, BC], tl.float32)")
             with em.loop(din, "i"):
-                em(f"amat += {_dot(ld(h, 'i'), 'tl.trans(' + ld(f_in, 'i') + ')')}")
+                em(f"amat += {dot(ld(h, 'i'), 'tl.trans(' + ld(f_in, 'i') + ')')}")
             em("amat = kmat * amat")
         out = self.new_vec(dout)
         with em.loop(dout, "j"):
@@ -316,9 +316,9 @@ class GraphPrinter:
                     bases.append(("_h * bm", self.mom_anchor[i]))
                 for lhs, base in bases:
                     if transposed:
-                        em(f"acc += {_dot(lhs, wload(base, self.wdims[i], 'i', 'j'))}")
+                        em(f"acc += {dot(lhs, wload(base, self.wdims[i], 'i', 'j'))}")
                     else:
-                        em(f"acc += {_dot(lhs, 'tl.trans(' + wload(base, self.wdims[i], 'j', 'i') + ')')}")
-            val = f"acc + {_dot('amat', ld(f_out, 'j'))}" if dual else "acc"
+                        em(f"acc += {dot(lhs, 'tl.trans(' + wload(base, self.wdims[i], 'j', 'i') + ')')}")
+            val = f"acc + {dot('amat', ld(f_out, 'j'))}" if dual else "acc"
             em(st(out, "j", val))
         return out
