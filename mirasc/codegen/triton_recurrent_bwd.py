@@ -21,7 +21,7 @@ from .. import ir
 from .. import spec as S
 from ..derive import Derivation
 from .printers import TritonPrinter, print_triton_block
-from .triton_printing import graph_lines, indent, jit_kernel, part_row, part_rows, ring_row, ring_rows, rows
+from .triton_printing import SIZE, graph_lines, indent, jit_kernel, part_row, part_rows, ring_row, ring_rows, rows
 from .triton_recurrent import (
     batched_factors,
     chunk_tiles,
@@ -98,12 +98,7 @@ class _Backward:
     def scratch(self, var: str, slot: str) -> str:
         """Buffer BUF_<var>: per program NSLOT tiles (NCK checkpoints, then a segment)."""
         r, c = self.wdims[widx(var)]
-        return (f"BUF_{var} + (bh * NSLOT + {slot}) * {self.size(r)} * {self.size(c)} + r{r}[:, None] * "
-                f"{self.size(c)} + r{c}[None, :]")
-
-    @staticmethod
-    def size(dim: str) -> str:
-        return {"k": "Nk", "v": "Nv", "e": "Ne"}[dim]
+        return f"BUF_{var} + (bh * NSLOT + {slot}) * {SIZE[r]} * {SIZE[c]} + r{r}[:, None] * {SIZE[c]} + r{c}[None, :]"
 
     def tile(self, base: str, i: int) -> str:
         return state_tile(self.wdims, base, i)
