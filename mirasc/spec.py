@@ -425,12 +425,6 @@ def check_combination(spec: Spec) -> None:
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
                         f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
-    if par.kind == "minibatch" and par.readout == "chunk":
-        decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
-        if decays:
-            raise Rejection("parallel", f"`readout=chunk` with a channel-wise {' and '.join(decays)} is not "
-                            "implemented: the chunk readouts here take one decay per head; use `gate` for "
-                            f"{' and '.join(decays)}, or `readout=token`", param="readout")
     _check_channel_gates(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
