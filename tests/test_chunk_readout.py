@@ -216,7 +216,7 @@ def test_final_state_meaning():
         assert all(rel(fs[n], fw[n]) < 1e-12 for n in fw), name
 
 
-@pytest.mark.parametrize("name", ["moneta", "memora"])
+@pytest.mark.parametrize("name", ["moneta", "memora", "lq_alpha_k", "kl_alpha_v_theta_v"])
 def test_layer_step_equals_forward(name):
     """Decoding token by token crosses chunk boundaries (C = 4, 11 tokens) and equals the full forward, with the
     chunked (dual-form) algorithm and with the recurrent one."""
