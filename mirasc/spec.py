@@ -188,6 +188,9 @@ class LayerOptions(Form):
     eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
     # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95 (MLP memories: see MLP_LAYER_DEFAULTS)
     alpha_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0
+    # channel-wise α (gate(k)/gate(v)): the initial pre-activations spread evenly over
+    # [alpha_bias, alpha_bias + alpha_spread] across a head's channels, i.e. several timescales per head
+    alpha_spread: Annotated[float, Field(ge=0, le=20)] = 0.0
     # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
     alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
     eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
