@@ -188,6 +188,9 @@ class LayerOptions(Form):
     eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
     # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95 (MLP memories: see MLP_LAYER_DEFAULTS)
     alpha_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0
+    # channel-wise α (gate(k)/gate(v)): the initial pre-activations spread evenly over
+    # [alpha_bias, alpha_bias + alpha_spread] across a head's channels, i.e. several timescales per head
+    alpha_spread: Annotated[float, Field(ge=0, le=20)] = 0.0
     # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
     alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
     eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
@@ -425,12 +428,6 @@ def check_combination(spec: Spec) -> None:
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
                         f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
-    if par.kind == "minibatch" and par.readout == "chunk":
-        decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
-        if decays:
-            raise Rejection("parallel", f"`readout=chunk` with a channel-wise {' and '.join(decays)} is not "
-                            "implemented: the chunk readouts here take one decay per head; use `gate` for "
-                            f"{' and '.join(decays)}, or `readout=token`", param="readout")
     _check_channel_gates(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")

@@ -386,6 +386,7 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     if lrn["kind"] == "momentum":
         S = {n: state.get(f"S_{n}", torch.zeros_like(W[n])) for n in names}
     anchor = W
+    Z = None  # kl with α over key channels: the log-space accumulator (below)
     outs = []
     for t in range(T):
         kt, vt, qt = k[:, t], v[:, t], q[:, t]
@@ -452,6 +453,15 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         elif kind == "elastic":
             A = {n: alpha * A[n] + U[n] for n in names}
             W = {n: elastic_readout(A[n], float(ret["lam"])) for n in names}
+        elif kind == "kl" and ret.get("alpha") == "gate(k)":
+            # CONTRACT §6: a decay over key channels scales kl's log-space form, Z_t = Z_{t-1}·diag(α_t) + U_t with
+            # W_t = c·softmax(Z_t). (Not c·softmax(α_t ∘ log W_{t-1} + U_t): with α varying along a row the row's
+            # log-normaliser log Σ exp(Z) no longer cancels in the softmax.)
+            c = float(ret.get("c", 1.0))
+            if Z is None:
+                Z = {n: torch.log(W[n] / c) for n in names}
+            Z = {n: alpha * Z[n] + U[n] for n in names}
+            W = {n: c * torch.softmax(Z[n], dim=-1) for n in names}
         elif kind == "kl":
             c = float(ret.get("c", 1.0))
             W = {n: c * torch.softmax(alpha * torch.log(W[n]) + U[n], dim=-1) for n in names}

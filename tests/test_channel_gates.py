@@ -67,6 +67,10 @@ CASES = {
                       f"parallel = minibatch({CHUNK})",
                       dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="kl", c=1.0, alpha="gate(v)"),
                            learner=dict(kind="gd", lr="gate(v)"), parallel=CHUNK)),
+    # kl with a decay over key channels: defined by its log-space form (CONTRACT §6), not α ∘ log W
+    "kl_key_side": ("memory = linear; bias = l2; retention = kl(c=2, alpha=gate(k)); learner = gd(lr=gate)",
+                    dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="kl", c=2.0, alpha="gate(k)"),
+                         learner=dict(kind="gd", lr="gate"), parallel=None)),
     "mixed_sides": ("memory = linear; bias = l2; retention = decay(alpha=gate(k)); "
                     f"learner = momentum(lr=gate, theta=gate(v)); parallel = minibatch({CHUNK})",
                     dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate(k)"),
@@ -159,7 +163,8 @@ def test_matches_reference(name):
 
 def test_chunked_forms_exist_where_derived():
     """Every case with a chunked form derived has one; the mixed-side momentum says why it has none."""
-    expected_none = {"mixed_sides", "lp_value_lr"}  # lp: the gradient reads the running state (no chunk form)
+    # lp, kl (exact): the gradient reads the running state (no chunk form)
+    expected_none = {"mixed_sides", "lp_value_lr", "kl_key_side"}
     assert {n for n in NAMES if not module(n).CHUNKED} == expected_none
     q, k, v, gates, state = case("mixed_sides")
     with pytest.raises(ValueError, match="key channels and θ over value channels"):

@@ -50,6 +50,27 @@ CASES = {
                        dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
                             retention=dict(kind="lq", q=3.0, alpha="gate"), learner=dict(kind="gd", lr="gate(v)"),
                             parallel=C, readout="chunk")),
+    # channel-wise decays (CONTRACT §6) under chunk readouts: linear memories (an MLP takes no channel α/θ)
+    "lq_alpha_k": ("memory = linear\nbias = l2\nretention = lq(q=4, alpha=gate(k))\nlearner = gd(lr=gate)",
+                   dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
+                        retention=dict(kind="lq", q=4.0, alpha="gate(k)"), learner=dict(kind="gd", lr="gate"),
+                        parallel=C, readout="chunk")),
+    "lq_alpha_v_theta_v": ("memory = linear\nbias = dot\nretention = lq(q=3, alpha=gate(v))\n"
+                           "learner = momentum(lr=gate, theta=gate(v))",
+                           dict(_LIN_MOM, bias=dict(kind="dot"), retention=dict(kind="lq", q=3.0, alpha="gate(v)"),
+                                learner=dict(kind="momentum", lr="gate", theta="gate(v)"))),
+    "kl_alpha_k": ("memory = linear\nbias = l2\nretention = kl(c=1, alpha=gate(k))\nlearner = gd(lr=gate)",
+                   dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
+                        retention=dict(kind="kl", c=1.0, alpha="gate(k)"), learner=dict(kind="gd", lr="gate"),
+                        parallel=C, readout="chunk")),
+    "kl_alpha_v_theta_v": ("memory = linear\nbias = l2\nretention = kl(c=2, alpha=gate(v))\n"
+                           "learner = momentum(lr=gate(v), theta=gate(v))",
+                           dict(_LIN_MOM, bias=dict(kind="l2"), retention=dict(kind="kl", c=2.0, alpha="gate(v)"),
+                                learner=dict(kind="momentum", lr="gate(v)", theta="gate(v)"))),
+    "lq_theta_k": ("memory = linear\nbias = l2\nretention = lq(q=3, alpha=gate)\n"
+                   "learner = momentum(lr=gate(k), theta=gate(k))",
+                   dict(_LIN_MOM, bias=dict(kind="l2"), retention=dict(kind="lq", q=3.0, alpha="gate"),
+                        learner=dict(kind="momentum", lr="gate(k)", theta="gate(k)"))),
 }
 
 
@@ -195,7 +216,7 @@ def test_final_state_meaning():
         assert all(rel(fs[n], fw[n]) < 1e-12 for n in fw), name
 
 
-@pytest.mark.parametrize("name", ["moneta", "memora"])
+@pytest.mark.parametrize("name", ["moneta", "memora", "lq_alpha_k", "kl_alpha_v_theta_v"])
 def test_layer_step_equals_forward(name):
     """Decoding token by token crosses chunk boundaries (C = 4, 11 tokens) and equals the full forward, with the
     chunked (dual-form) algorithm and with the recurrent one."""
@@ -259,13 +280,14 @@ def test_readout_chunk_is_rejected_for_other_retentions(retention, tmp_path, cap
     assert "readout=chunk" in err and REJECTED[retention] in err and "lq or kl" in err, err
 
 
-def test_readout_chunk_with_channel_wise_decay_is_rejected(tmp_path, capsys):
+def test_readout_chunk_with_channel_wise_decay_on_an_mlp_is_rejected(tmp_path, capsys):
+    """Linear memories take channel-wise α/θ under readout=chunk (cases above); an MLP memory does not (§6)."""
     path = tmp_path / "bad.miras"
-    path.write_text("model bad {\n    memory = linear\n    bias = l2\n    retention = lq(q=4, alpha=gate(k))\n"
+    path.write_text("model bad {\n    memory = mlp\n    bias = l2\n    retention = lq(q=4, alpha=gate(v))\n"
                     "    parallel = minibatch(16, readout=chunk)\n}\n")
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{path}:5:" in err and "readout=chunk" in err and "channel-wise alpha" in err, err
+    assert f"{path}:4:" in err and "MLP" in err, err
 
 
 def test_readout_values(tmp_path, capsys):

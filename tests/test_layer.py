@@ -70,6 +70,27 @@ def test_alpha_bias_sets_the_initial_decay():
     assert mirasc.compile_spec(text).LAYER_DEFAULTS["alpha_bias"] == 7.0
 
 
+def test_alpha_spread_gives_each_key_channel_its_timescale():
+    """layer { alpha_spread = 4 } on a channel-wise α (KDA) starts channel j of every head at σ(3 + 4·j/(D−1)):
+    from 0.95 up to 0.999; a per-head α ignores the option."""
+    root = Path(__file__).resolve().parents[1] / "specs"
+    spread = "parallel  = exact\n    layer { alpha_spread = 4 }"
+    mod = mirasc.compile_spec((root / "kda.miras").read_text().replace("parallel  = exact", spread))
+    assert mod.LAYER_DEFAULTS["alpha_spread"] == 4.0
+    torch.manual_seed(0)
+    layer = mod.Layer(16, 2)
+    layer.gate_proj[-1].weight.data.zero_()  # the bias alone: the initial pre-activation
+    alpha = layer._project(torch.randn(1, 3, 16))[3]["alpha"]  # [B, T, H, D]
+    want = torch.sigmoid(3.0 + torch.linspace(0, 4, 8))
+    assert torch.allclose(alpha[0, 0, 0], want, atol=1e-6) and torch.allclose(alpha[0, 0, 1], want, atol=1e-6)
+    gdn = mirasc.compile_spec((root / "gated_deltanet.miras").read_text().replace("parallel  = exact", spread))
+    torch.manual_seed(0)
+    layer = gdn.Layer(16, 2)
+    layer.gate_proj[-1].weight.data.zero_()
+    alpha = layer._project(torch.randn(1, 3, 16))[3]["alpha"]
+    assert torch.allclose(alpha, torch.sigmoid(torch.tensor(3.0)).expand_as(alpha))
+
+
 def test_mlp_memories_get_their_family_defaults():
     """MLP memories start with the retention gate floored at alpha_min = 0.999 and the Huber threshold at
     softplus(8) (benchmarks/RESULTS.md, "MQAR recipes for MLP memories"); linear memories keep α = σ(·) and
