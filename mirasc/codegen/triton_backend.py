@@ -373,6 +373,9 @@ def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
     par = spec.parallel
+    if spec.generalized_delta:
+        raise Unsupported(f"l2({spec.generalized_delta}=kappa), the generalized delta transition, has no Triton kernel "
+                          "yet (its erase/write split and the κ input are not in the kernel printer)")
     if par.kind == "minibatch" and par.readout == "chunk":
         raise Unsupported(f"readout=chunk (CONTRACT §7, {spec.retention.kind} retention) has no Triton kernel yet: the "
                           "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
