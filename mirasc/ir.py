@@ -362,7 +362,8 @@ class NoVJP(Exception):
     """The graph holds an op without a reverse-mode rule here (the caller keeps another backward)."""
 
 
-VECTOR_INPUTS = ("x", "k", "v", "eta_ch", "kappa")  # graph inputs that are token vectors; the rest are per-token scalars
+# graph inputs that are token vectors (κ: the regression key of l2(read|erase=kappa)); the rest are per-token scalars
+VECTOR_INPUTS = ("x", "k", "v", "eta_ch", "kappa")
 
 
 def _vector_valued(gr: Graph, vector_inputs=VECTOR_INPUTS) -> dict[int, bool]:

@@ -199,6 +199,9 @@ class LayerOptions(Form):
     alpha_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0
     # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
     alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # the retention gate's squashing: sigmoid, or exp for α = exp(−e^{−·}) (RWKV-7's w = exp(−exp(·)) up to the sign
+    # of the pre-activation, chosen so that alpha_bias means about the same: exp(−e^{−3}) = 0.951, σ(3) = 0.953)
+    alpha_act: Literal["sigmoid", "exp"] = "sigmoid"
     eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
     theta_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0   # momentum θ = sigmoid(theta_bias + ·) at init
     delta_bias: Annotated[float, Field(ge=-20, le=100)] = 0.5  # Huber δ = softplus(delta_bias + ·) at init
