@@ -16,7 +16,10 @@ triton = pytest.importorskip("triton")
 ALL_SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
 # Chunk readouts (CONTRACT §7: moneta, memora) have no fused recurrent kernel (see the test below).
 CHUNK_READOUT = sorted(p.stem for p in ALL_SPECS if getattr(mirasc.parse_file(p).parallel, "readout", "") == "chunk")
-SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT]
+# The generalized delta transition (rwkv7, comba) has no Triton kernel (tests/test_generalized_delta.py checks
+# the refusal).
+NO_KERNEL = sorted(p.stem for p in ALL_SPECS if mirasc.parse_file(p).generalized_delta)
+SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT + NO_KERNEL]
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
 
 
