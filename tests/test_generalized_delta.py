@@ -9,7 +9,9 @@
    q by Dk^-1/2 inside, so ours gets q·Dk^-1/2): the DPLR recurrence and chunk form (what fla.ops.rwkv7 computes:
    a = −κ, b = η ⊙ κ, gk = log α), the IPLR recurrence and chunk form (no decay), and Comba's recurrent reference
    (decay first: order=pre) and chunk reference (decay after the read: order=post).
-3. The combinations without a defined meaning are rejected with a located reason; the op checks κ.
+3. The fused recurrent Triton kernel and its generated backward (interpreter, float32) against the same
+   reference.
+4. The combinations without a defined meaning are rejected with a located reason; the op checks κ.
 """
 
 from __future__ import annotations
@@ -97,6 +99,35 @@ def test_variant_matches_reference(name, algorithm):
 
     errs = {n: rel(a, b) for n, a, b in zip(leaves, grads(got_o, got_s), grads(want_o, want_s))}
     assert max(errs.values()) < 1e-9, errs
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_triton_recurrent_matches_reference(name):
+    """The fused recurrent Triton kernel (forward) and its generated reverse sweep (backward), float32 under the
+    interpreter, against the float64 reference: outputs, final state, gradients of every input incl. κ.
+    Dk, Dv not powers of two (padded lanes) and Dv > BV = 4 (two V tiles, partial sums of dk, dκ, dη)."""
+    pytest.importorskip("triton")
+    mod = module(name)
+    cfg = CASES[name][1]
+    q, k, v, gates = make_inputs(cfg, 1, 9, 2, DK, DV, f64, seed=7)
+    state = make_state(cfg, 1, 2, DK, DV, f64, seed=7)
+    leaves64 = {"q": q, "k": k, "v": v, **gates, "W": state["W"]}
+    leaves32 = {n: x.float().requires_grad_(True) for n, x in leaves64.items()}
+    for x in leaves64.values():
+        x.requires_grad_(True)
+    want_o, want_s = reference_apply(cfg, q, k, v, gates, state)
+    g, extras = _split({n: leaves32[n] for n in gates})
+    got_o, got_s = mod.apply(leaves32["q"], leaves32["k"], leaves32["v"], g, state={"W": leaves32["W"]},
+                             extras=extras, backend="triton", algorithm="recurrent")
+    assert rel(got_o, want_o) < 1e-5 and rel(got_s["W"], want_s["W"]) < 1e-5
+    gen = torch.Generator().manual_seed(8)
+    w_o, w_s = torch.randn(want_o.shape, generator=gen, dtype=f64), torch.randn(want_s["W"].shape, generator=gen,
+                                                                                dtype=f64)
+    want = torch.autograd.grad((want_o * w_o).sum() + (want_s["W"] * w_s).sum(), list(leaves64.values()))
+    got = torch.autograd.grad((got_o * w_o.float()).sum() + (got_s["W"] * w_s.float()).sum(),
+                              list(leaves32.values()))
+    errs = {n: rel(a, b) for n, a, b in zip(leaves64, got, want)}
+    assert max(errs.values()) < 1e-4, errs
 
 
 @pytest.mark.parametrize("name", ["erase-gate(k)-post-gate(k)", "read-gate-post-gate"])
@@ -284,7 +315,7 @@ def test_rejections(body):
     assert message.startswith("<spec>:2:") and why in message, message
 
 
-def test_op_checks_kappa_and_refuses_triton():
+def test_op_checks_kappa_and_refuses_triton_chunked():
     mod = module("erase-gate(k)-post-gate(k)")
     cfg = CASES["erase-gate(k)-post-gate(k)"][1]
     q, k, v, gates = make_inputs(cfg, 1, 4, 1, DK, DV, f64, seed=1)
@@ -295,8 +326,8 @@ def test_op_checks_kappa_and_refuses_triton():
         mod.apply(q, k, v, g, extras={"kappa": extras["kappa"][..., :3]})
     with pytest.raises(ValueError, match="unknown extra input"):
         mod.apply(q, k, v, g, extras={**extras, "p": extras["kappa"]})
-    with pytest.raises(RuntimeError, match="generalized delta transition, has no Triton kernel"):
-        mod.apply(q, k, v, g, extras=extras, backend="triton")
+    with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
+        mod.apply(q, k, v, g, extras=extras, backend="triton", algorithm="chunked")
 
 
 def test_packed_sequences_carry_kappa():

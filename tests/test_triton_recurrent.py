@@ -16,10 +16,7 @@ triton = pytest.importorskip("triton")
 ALL_SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
 # Chunk readouts (CONTRACT §7: moneta, memora) have no fused recurrent kernel (see the test below).
 CHUNK_READOUT = sorted(p.stem for p in ALL_SPECS if getattr(mirasc.parse_file(p).parallel, "readout", "") == "chunk")
-# The generalized delta transition (rwkv7, comba) has no Triton kernel (tests/test_generalized_delta.py checks
-# the refusal).
-NO_KERNEL = sorted(p.stem for p in ALL_SPECS if mirasc.parse_file(p).generalized_delta)
-SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT + NO_KERNEL]
+SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT]
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
 
 
@@ -41,6 +38,8 @@ def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
              * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
              for n in mod.GATES}
+    for n in getattr(mod, "EXTRAS", ()):  # key inputs (κ): unit-norm rows, kept with the gates here
+        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     state = mod.init_state(B, H, Dk, Dv)
     # a non-zero momentum buffer, so its initial value matters
     state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s for n, s in state.items()}
@@ -56,8 +55,10 @@ def test_triton_recurrent_matches_torch(path):
     leaves = [q, k, v, *gates.values(), *[s for n, s in state.items() if not n.startswith("S_")]]
     for t in leaves:
         t.requires_grad_(True)
-    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
-    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    gs = {n: x for n, x in gates.items() if n not in mod.EXTRAS}
+    ex = {"extras": {n: gates[n] for n in mod.EXTRAS}} if mod.EXTRAS else {}
+    o, final = mod.apply(q, k, v, gs, state=state, backend="triton", algorithm="recurrent", **ex)
+    ref, ref_final = mod.apply(q, k, v, gs, state=state, backend="torch", algorithm="recurrent", **ex)
     assert rel(o, ref) < 2e-5
     assert set(final) == set(ref_final)
     for n in ref_final:

@@ -279,7 +279,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": channel_decay or "",
     }
-    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
+    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
+        + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
     # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
     # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.

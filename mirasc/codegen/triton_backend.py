@@ -157,7 +157,7 @@ def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
     for nid in gr.order():
         op, srcs = gr.node(nid), gr.srcs(nid)
         if op.op == "input":
-            dims[nid] = {"k": "k", "x": "k", "v": "v"}.get(op.arg, "s")
+            dims[nid] = {"k": "k", "x": "k", "v": "v", **S.EXTRA_INPUTS}.get(op.arg, "s")
         elif op.op == "weight":
             dims[nid] = "w"
         elif op.op in ("linear", "layer"):
@@ -195,8 +195,11 @@ def _load_factors(wdims) -> list[str]:
 
 def vector_coefficients(spec: S.Spec) -> dict[str, str]:
     """The coefficients the module passes as vectors ([B, H, T, D]): name in the module's coefficient dict
-    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph)."""
-    return {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph); the
+    regression key κ of l2(read|erase=kappa) is a key-sized input the gradient graph reads like it."""
+    out = {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+    out.update({n: S.EXTRA_INPUTS[n] for n in spec.extras})
+    return out
 
 
 def _vector_loads(vectors: dict[str, str]) -> list[str]:
@@ -205,14 +208,16 @@ def _vector_loads(vectors: dict[str, str]) -> list[str]:
     lines = []
     for n, side in vectors.items():
         bcast = "" if n not in ("alpha", "theta") else "[None, :]" if side == "k" else "[:, None]"
-        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
+        pad = "0.0" if n in S.EXTRA_INPUTS else "1.0"  # a key's padded lanes are 0, like k's
+        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other={pad}){bcast}")
     return lines
 
 
 def _graph_vector_inputs(spec: S.Spec) -> dict[str, tuple[str, str]]:
     """Graph inputs that are per-token vectors in the recurrent kernel: k, v and the channel-wise η, δ."""
     out = {"k": ("k", "k"), "v": ("v", "v")}
-    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")})
+    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items()
+                if n in ("eta_ch", "delta", *S.EXTRA_INPUTS)})
     return out
 
 
@@ -373,9 +378,6 @@ def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
     par = spec.parallel
-    if spec.generalized_delta:
-        raise Unsupported(f"l2({spec.generalized_delta}=kappa), the generalized delta transition, has no Triton kernel "
-                          "yet (its erase/write split and the κ input are not in the kernel printer)")
     if par.kind == "minibatch" and par.readout == "chunk":
         raise Unsupported(f"readout=chunk (CONTRACT §7, {spec.retention.kind} retention) has no Triton kernel yet: the "
                           "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
@@ -473,6 +475,8 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             loop.append(f"upd{i} = s{i}")
         else:
             loop.append(f"upd{i} = -c_eta * grad{i}")
+        if spec.generalized_delta == "erase":  # the write v kᵀ at unit rate (the gradient factors are the erase)
+            loop.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
         if r.kind == "none" or (r.kind == "decay" and r.order == "pre"):
             loop.append(f"w{i} = w{i} + upd{i}")
         elif r.kind == "decay":
@@ -570,6 +574,7 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
     mom, mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
     readout = r.kind in ("elastic", "bregman", "lq", "kl")
     store_acc = r.kind in ("elastic", "lq")
+    write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
     wdims = spec.weight_dims()
     n_w = len(wdims)
     size = {"k": "Nk", "v": "Nv", "e": "Ne"}
@@ -630,6 +635,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
                 lines += [f"s_prev{i} = s{i}", f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
             else:
                 lines.append(f"upd{i} = -c_eta * grad{i}")
+            if write:
+                lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
             if readout:
                 lines.append(f"y_prev{i} = y{i}")
                 lines.append(f"y{i} = y{i} + upd{i}" if r.kind == "bregman" else f"y{i} = c_alpha * y{i} + upd{i}")
@@ -702,6 +709,8 @@ def _emit_bwd(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, co
         lines += v_lines
         lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros_like(k)")
         lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros_like(v)")
+        if write:  # the write v kᵀ (linear memory: weight 0): dv += dU k, dk += dUᵀ v (a partial sum over V tiles)
+            lines += ["dk = dk + tl.sum(dupd0 * v[:, None], axis=0)", "dv = dv + tl.sum(dupd0 * k[None, :], axis=1)"]
         for n in coef_order:
             if f"d_{n}" in v_out:
                 lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)
