@@ -349,7 +349,8 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
             f"Spec:\n\n{spec_text}\n\nDerived update rule, per (batch, head), for t = 1..T:\n\n{eqs}\n\n"
             f"Algorithms: recurrent = the token loop above (reference); {algos}.\n"
             + (f"{triton_line}\n" if triton_line else "") +
-            "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv].\n"
+            "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv]"
+            + "".join(f"; extras['{n}'] [B, T, H, Dk]" for n in spec.extras) + ".\n"
             '"""\n').replace("\\", "\\\\")
 
 
