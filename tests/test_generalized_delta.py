@@ -127,7 +127,7 @@ def test_triton_recurrent_matches_reference(name):
     got = torch.autograd.grad((got_o * w_o.float()).sum() + (got_s["W"] * w_s.float()).sum(),
                               list(leaves32.values()))
     errs = {n: rel(a, b) for n, a, b in zip(leaves64, got, want)}
-    assert max(errs.values()) < 1e-4, errs
+    assert max(errs.values()) < 1e-5, errs  # (measured ≤ 3e-7)
 
 
 @pytest.mark.parametrize("name", ["erase-gate(k)-post-gate(k)", "read-gate-post-gate"])
@@ -241,7 +241,7 @@ def test_erase_kappa_vs_fla_dplr_iplr(fla_refs, which, fla_form, algorithm):
     if fla_form == "chunkwise":
         kwargs["chunk_size"] = 16
     o_ref, s_ref = fn(*args, **kwargs)
-    _check((o, s["W"].transpose(-1, -2)), (_hm(o_ref), s_ref), x, 2e-5)
+    _check((o, s["W"].transpose(-1, -2)), (_hm(o_ref), s_ref), x, 2e-6)  # float32 references (measured ≤ 3e-7)
 
 
 @pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
@@ -272,7 +272,7 @@ def test_read_kappa_vs_fla_comba(fla_refs, fla_form, algorithm):
     else:
         o_ref, s_ref = ref.naive_chunk_comba(f["q"], f["k"], f["v"], f["kappa"], torch.log(f["alpha"]), f["eta"],
                                              chunk_size=16, **common)
-    _check((o, s["W"].transpose(-1, -2)), (o_ref, s_ref), x, 2e-5)
+    _check((o, s["W"].transpose(-1, -2)), (o_ref, s_ref), x, 2e-6)  # float32 references (measured ≤ 3e-7)
 
 
 def test_comba_references_disagree_on_order(fla_refs):
