@@ -50,10 +50,19 @@ def inputs(mod, B, T, H, D, seed=0, requires_grad=False):
     channels = getattr(mod, "GATE_CHANNELS", {})  # channel-wise gates are [B, T, H, D] (Dk = Dv = D here)
     gates = {n: lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0]) * torch.rand(B, T, H, *([D] if n in channels else []),
                                                                        generator=g) for n in mod.GATES}
+    for n in getattr(mod, "EXTRAS", ()):  # key inputs besides q, k (κ): unit-norm rows, passed with the gates
+        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
     if requires_grad:
         for t in (q, k, v, *gates.values()):
             t.requires_grad_(True)
     return q, k, v, gates
+
+
+def call(mod, q, k, v, gates, **kw):
+    """mod.apply with the key inputs in EXTRAS taken out of `gates`."""
+    extras = {n: gates[n] for n in getattr(mod, "EXTRAS", ())}
+    gates = {n: x for n, x in gates.items() if n not in extras}
+    return mod.apply(q, k, v, gates, **({"extras": extras} if extras else {}), **kw)
 
 
 def bench_chunked_vs_recurrent(args, rows):
@@ -65,7 +74,7 @@ def bench_chunked_vs_recurrent(args, rows):
             continue
         q, k, v, gates = inputs(mod, B, T, H, D)
         def run(algorithm, mod=mod, q=q, k=k, v=v, gates=gates):
-            return mod.apply(q, k, v, gates, algorithm=algorithm)
+            return call(mod, q, k, v, gates, algorithm=algorithm)
 
         t_rec = timeit(lambda: run("recurrent"), args.repeat)
         t_chk = timeit(lambda: run("chunked"), args.repeat)

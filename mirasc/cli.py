@@ -135,6 +135,9 @@ def cmd_demo(args) -> int:
         lo, hi = ranges[g]
         channels = [D] if g in getattr(mod, "GATE_CHANNELS", {}) else []  # Dk = Dv = D here
         gates[g] = lo + (hi - lo) * torch.rand(B, T, H, *channels, generator=gen)
+    # key inputs besides q, k (EXTRAS: κ of l2(read|erase=kappa)): unit-norm rows like k
+    extras = {n: torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+              for n in getattr(mod, "EXTRAS", ())}
     print(f"compiled {args.spec} -> model `{compiled.spec.name}` in {t_compile * 1e3:.0f} ms "
           f"({len(compiled.source.splitlines())} lines of torch); gates {list(mod.GATES)}")
     print(f"input: B={B} T={T} H={H} Dk=Dv={D}, float32")
@@ -145,7 +148,7 @@ def cmd_demo(args) -> int:
             continue
         t = time.perf_counter()
         try:
-            o, state = mod.apply(q, k, v, gates, algorithm=algo)
+            o, state = mod.apply(q, k, v, gates, algorithm=algo, **({"extras": extras} if extras else {}))
         except ValueError as err:  # the op rejects these sizes (e.g. head_mix needs a multiple of heads)
             print(f"mirasc demo: {args.spec} cannot run at B={B} T={T} H={H} D={D}: {err}", file=sys.stderr)
             return 2

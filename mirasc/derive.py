@@ -96,8 +96,14 @@ def _derive_bias(spec: S.Spec, d: Derivation) -> None:
         d.loss_text = "ℓ = -⟨M(k), v⟩"
         d.loss = -y * v
         dl = -v
+    elif b.kind == "l2" and spec.generalized_delta == "erase":
+        # the erase half: ℓ = ½‖M(κ)‖² (regress what κ reads to 0); the write v kᵀ is added by the transition
+        d.loss_text = "erase ℓ = ½‖M(κ)‖², write + v kᵀ (the generalized delta transition)"
+        d.loss = y**2 / 2
+        dl = y
     elif b.kind == "l2":
-        d.loss_text = "ℓ = ½‖e‖²"
+        d.loss_text = ("ℓ = ½‖e‖², e = M(κ) − v read at κ, stepped along k" if spec.generalized_delta == "read"
+                       else "ℓ = ½‖e‖²")
         d.loss = e**2 / 2
     elif b.kind == "lp":
         p, eps = sp.nsimplify(b.p), sp.Float(b.eps) if b.eps else sp.Integer(0)

@@ -126,7 +126,8 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     if spec.bias.kind == "custom":  # the loss itself is an expression: print it like the derived ones
         loss_text = f"ℓ = Σᵢ f(eᵢ),  f(e) = {_show(d.loss, latex)}"
     out.append(f"bias:       {loss_text}")
-    residual_note = "   (e = M(k) − v)" if d.dloss.has(sp.Symbol("e", real=True)) else ""
+    read_key = "κ" if spec.generalized_delta else "k"
+    residual_note = f"   (e = M({read_key}) − v)" if d.dloss.has(sp.Symbol("e", real=True)) else ""
     out.append(f"derived:    ∂ℓ/∂y = {_show(d.dloss, latex)}{residual_note}")
     if l.kind == "implicit":
         out.append("            implicit step: e* = prox_{cℓ}(e), c = η_t‖k_t‖², ∂ℓ/∂y evaluated at e*")
@@ -149,7 +150,13 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     if r.kind == "decay" and r.order == "pre":
         out.append(f"pre-decay:  W'_{{t−1}} = {_scaled(r.alpha, 'α', 'W_{t−1}')}")
         at = "W'_{t−1}"
-    out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
+    gdelta = spec.generalized_delta
+    if gdelta == "read":  # l2(read=kappa): the error read at κ, stepped along k
+        out.append(f"gradient:   g_t = (M_W(κ_t) − v_t) k_tᵀ at {at}   (error read at κ, stepped along k)")
+    elif gdelta == "erase":  # l2(erase=kappa): erase at κ; the write v kᵀ follows the learner
+        out.append(f"gradient:   g_t = ∇_W ½‖M_W(κ_t)‖² = (W κ_t) κ_tᵀ at {at}   (the erase at κ)")
+    else:
+        out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
     lr = getattr(l, "lr", 1.0)
     if lr == S.GATE_V:  # the loss weighted per output channel; for a linear memory this is diag(η_t)·g_t
         out.append("            ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
@@ -160,6 +167,8 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         step = f"{_sym(lr, 'η')}·g_t"
     if l.kind == "momentum":
         out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} − {step},  U_t = S_t")
+    elif gdelta == "erase":
+        out.append(f"learner:    U_t = −{step} + v_t k_tᵀ   (the write, at unit rate)")
     else:
         out.append(f"learner:    U_t = −{step}")
     if r.kind == "none":

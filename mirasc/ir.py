@@ -305,7 +305,13 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
     k = gr.add("input", arg="k", name="k")
     vv = gr.add("input", arg="v", name="v")
     weights = [gr.add("weight", arg=i, name=f"W{i + 1}" if m.kind == "mlp" else "W") for i in range(depth)]
-    y_out, zs, hs, y_pre = _forward(gr, spec, d, k, weights)
+    # l2(read=kappa | erase=kappa): the memory is read at the regression key κ; the gradient's input factor is
+    # the write key k (read) or κ itself (erase; the transition then adds the write v kᵀ)
+    gdelta = spec.generalized_delta
+    read_at = gr.add("input", arg="kappa", name="kappa") if gdelta else k
+    y_out, zs, hs, y_pre = _forward(gr, spec, d, read_at, weights)
+    if gdelta == "read":
+        hs[0] = k
     bind: dict[sp.Symbol, int] = {D.v: vv, D.y: y_out}
     expr = d.dloss
     if expr.has(D.e) or expr.has(D.enorm):
@@ -332,7 +338,7 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
     if eta_side == "k":  # lr=gate(k), linear memory: U = -g·diag(η), i.e. the input factor is η ⊙ k
         eta = gr.add("input", arg="eta_ch", name="eta_ch")
         es, ks = sp.Symbol("eta", real=True), sp.Symbol("k", real=True)
-        hs[0] = gr.ew(es * ks, {es: eta, ks: k}, name="k_weighted")
+        hs[0] = gr.ew(es * ks, {es: eta, ks: hs[0]}, name="k_weighted")
     for i in reversed(range(depth)):
         gr.add("output", delta_i, arg=f"delta{i + 1}", name=f"out_delta{i + 1}")
         gr.add("output", hs[i], arg=f"input{i + 1}", name=f"out_input{i + 1}")
@@ -356,7 +362,8 @@ class NoVJP(Exception):
     """The graph holds an op without a reverse-mode rule here (the caller keeps another backward)."""
 
 
-VECTOR_INPUTS = ("x", "k", "v", "eta_ch")  # graph inputs that are token vectors; the rest are per-token scalars
+# graph inputs that are token vectors (κ: the regression key of l2(read|erase=kappa)); the rest are per-token scalars
+VECTOR_INPUTS = ("x", "k", "v", "eta_ch", "kappa")
 
 
 def _vector_valued(gr: Graph, vector_inputs=VECTOR_INPUTS) -> dict[int, bool]:

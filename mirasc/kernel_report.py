@@ -190,6 +190,10 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
             gates = {n: torch.rand(1, T, heads, *([dk if channels[n] == "k" else dv] if n in channels else []),
                                    generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
             kw = {} if chunk is None else {"chunk_size": chunk}
+            extras = {n: torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_()
+                      for n in getattr(module, "EXTRAS", ())}  # key inputs besides q, k (κ)
+            if extras:
+                kw["extras"] = extras
             direction[0] = "fwd"
             try:
                 if hasattr(module, "WEIGHTS"):

@@ -22,6 +22,9 @@ over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), or 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
 GATE_ORDER = ("eta", "alpha", "theta", "delta")
+# Per-token inputs of the op that are not coefficients (keys): name -> the channels they span. They are
+# declared by the module as EXTRAS and passed as `apply(..., extras={name: [B, T, H, Dk]})`.
+EXTRA_INPUTS = {"kappa": "k"}
 # Accepted constant values of each coefficient (the same ranges the Layer's gates produce).
 COEF_RANGE = {
     "lr": (lambda x: x >= 0, lambda x: True, "a learning rate is >= 0"),
@@ -74,7 +77,13 @@ class Dot(Form):
 
 
 class L2(Form):
+    """½‖e‖². `read=kappa` reads the memory for the error at a separate regression key κ (an input of the op) and
+    steps along the write key k (Comba); `erase=kappa` erases what is stored at κ and writes v along k (RWKV-7):
+    the generalized delta transition W_t = W_{t-1}(diag(w_t) - a_t b_tᵀ) + v_t k_tᵀ (docs/semantics.md)."""
+
     kind: Literal["l2"] = "l2"
+    read: Literal["key", "kappa"] = "key"
+    erase: Literal["key", "kappa"] = "key"
 
 
 class Lp(Form):
@@ -193,6 +202,9 @@ class LayerOptions(Form):
     alpha_spread: Annotated[float, Field(ge=0, le=20)] = 0.0
     # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
     alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    # the retention gate's squashing: sigmoid, or exp for α = exp(−e^{−·}) (RWKV-7's w = exp(−exp(·)) up to the sign
+    # of the pre-activation, chosen so that alpha_bias means about the same: exp(−e^{−3}) = 0.951, σ(3) = 0.953)
+    alpha_act: Literal["sigmoid", "exp"] = "sigmoid"
     eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
     theta_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0   # momentum θ = sigmoid(theta_bias + ·) at init
     delta_bias: Annotated[float, Field(ge=-20, le=100)] = 0.5  # Huber δ = softplus(delta_bias + ·) at init
@@ -260,6 +272,19 @@ class Spec(BaseModel):
                    for field in FIELDS for param in params_of(type(getattr(self, field))))
 
     @property
+    def generalized_delta(self) -> str | None:
+        """"read" (l2(read=kappa)), "erase" (l2(erase=kappa)) or None: the generalized delta transition."""
+        b = self.bias
+        if b.kind != "l2":
+            return None
+        return "erase" if b.erase == "kappa" else "read" if b.read == "kappa" else None
+
+    @property
+    def extras(self) -> tuple[str, ...]:
+        """Names of the op's per-token inputs besides q, k, v and the gates (EXTRA_INPUTS), in a fixed order."""
+        return ("kappa",) if self.generalized_delta else ()
+
+    @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
         return tuple(g for g in GATE_ORDER if coefs.get(g) in GATE_FORMS)
@@ -304,10 +329,12 @@ class Spec(BaseModel):
 
 
 def form_text(form: Form) -> str:
-    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the one exception is
-    `minibatch`'s `readout=token`, its default (§3), left out so that every mini-batch spec reads as before."""
+    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
+    `minibatch`'s `readout=token` and `l2`'s `read=key`/`erase=key`, their defaults (§3), left out so that every
+    spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
-            if p != "kind" and v is not None and not (p == "readout" and v == "token")]
+            if p != "kind" and v is not None and not (p == "readout" and v == "token")
+            and not (p in ("read", "erase") and v == "key")]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -429,6 +456,7 @@ def check_combination(spec: Spec) -> None:
                         f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
     _check_channel_gates(spec)
+    _check_generalized_delta(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -460,3 +488,37 @@ def _check_channel_gates(spec: Spec) -> None:
                 raise Rejection(field, "huber mode=mixture compares the whole residual norm ‖e‖ with one threshold; "
                                 "a vector threshold has no meaning there: use `delta=gate` or mode=coordinate",
                                 param=param)
+
+
+def _check_generalized_delta(spec: Spec) -> None:
+    """l2(read=kappa) / l2(erase=kappa): the generalized delta transition W_t = W_{t-1}(diag(w_t) − a_t b_tᵀ) +
+    v_t k_tᵀ is defined for a linear memory, gd, retention none or decay, parallel exact, with the learning rate and
+    the decay per head or over key channels (docs/semantics.md, "Erase and write keys apart")."""
+    b = spec.bias
+    if b.kind != "l2" or (b.read == "key" and b.erase == "key"):
+        return
+    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    param = "erase" if b.erase == "kappa" else "read"
+    if b.read == "kappa" and b.erase == "kappa":
+        raise Rejection("bias", "`erase=kappa` already reads the memory at κ (it erases M(κ) along κ and writes v "
+                        "along k); write `l2(erase=kappa)` for that, or `l2(read=kappa)` to read the error at κ and "
+                        "step along k", param="read")
+    if m.kind != "linear":
+        raise Rejection("bias", f"`{param}=kappa` splits a linear memory's update into an erase along one key and a "
+                        "write along another (W ← W(diag(w) − a bᵀ) + v kᵀ); an MLP memory's weights have no key "
+                        "channels past the first layer: use a linear memory or `bias = l2`", param=param)
+    if l.kind != "gd":
+        raise Rejection("learner", f"`l2({param}=kappa)` is defined with `gd` (the step is the transition itself); "
+                        f"`{l.kind}` with separate erase and write keys is not defined here: use `learner = gd`")
+    if r.kind not in ("none", "decay"):
+        raise Rejection("retention", f"`l2({param}=kappa)` is the transition W(diag(w) − a bᵀ) + v kᵀ, whose "
+                        f"diagonal part is a decay; `retention = {r.kind}` has a nonlinear readout that takes the "
+                        "state out of that form: use none or decay")
+    if par.kind != "exact":
+        raise Rejection("parallel", f"`l2({param}=kappa)` reads the state the previous token left (its erase term "
+                        "is W_{t-1}·a); its mini-batch form is not defined here: write `parallel = exact`")
+    for form, field, name in ((l, "learner", "lr"), (r, "retention", "alpha")):
+        if getattr(form, name, None) == GATE_V:
+            raise Rejection(field, f"`{name}=gate(v)` acts on value channels, but the generalized delta transition "
+                            "W(diag(w) − a bᵀ) + v kᵀ acts on the key side (columns of W): use `gate(k)` or `gate`",
+                            param=name)

@@ -22,6 +22,11 @@ Channel-wise gates are written out as the contract states them: α, θ scale the
 of W and S; ``lr=gate(v)`` weights the loss per output channel, ℓ = Σᵢ ηᵢ ℓ(eᵢ); ``lr=gate(k)`` gives
 U = -g·diag(η); ``delta=gate(v)`` is a Huber threshold per output channel.
 Optional ``gate_ranges`` only steers :func:`make_inputs` (it is not part of the semantics).
+
+The generalized delta transition (docs/semantics.md, "Erase and write keys apart"): ``bias=dict(kind="l2",
+read="kappa")`` reads the error at the regression key κ and steps along k, g = (M(κ) − v) kᵀ;
+``erase="kappa"`` takes g = ∇½‖M(κ)‖² (autograd) and adds the write v kᵀ to the step at unit rate. κ is read
+from the gates dict under ``kappa`` ([B, T, H, Dk]; :func:`make_inputs` draws it there, unit-norm rows).
 """
 
 from __future__ import annotations
@@ -45,6 +50,13 @@ def _cauchy(e: Tensor) -> Tensor:  # log(1 + e^2/2)
 
 
 REF_CONFIGS: dict[str, dict] = {
+    "comba": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2", read="kappa"),
+        retention=dict(kind="decay", alpha="gate", order="pre"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+    ),
     "custom_cauchy": dict(
         memory=_LINEAR,
         bias=dict(kind="custom", f=_cauchy),
@@ -158,6 +170,14 @@ REF_CONFIGS: dict[str, dict] = {
         retention=dict(kind="decay", alpha=0.96875, order="post"),
         learner=dict(kind="gd", lr=1.0),
         parallel=None,
+    ),
+    "rwkv7": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2", erase="kappa"),
+        retention=dict(kind="decay", alpha="gate(k)", order="post"),
+        learner=dict(kind="gd", lr="gate(k)"),
+        parallel=None,
+        gate_ranges=dict(eta=(0.1, 0.9)),
     ),
     "sparse_lp": dict(
         memory=_LINEAR,
@@ -421,10 +441,19 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         weight = 1.0
         if lrn.get("lr") == "gate(v)":  # ℓ = Σᵢ ηᵢ ℓ(eᵢ): the step itself is then -g
             weight, eta = eta[..., 0], 1.0
-        g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph, weight)
+        read, erase = cfg["bias"].get("read") == "kappa", cfg["bias"].get("erase") == "kappa"
+        if read:  # the l2 error read at κ, stepped along the write key k
+            err = memory_forward(mem, W, gates["kappa"][:, t]) - vt
+            g = {"W": err[..., :, None] * kt[..., None, :]}
+        elif erase:  # the erase: the gradient of ½‖M(κ)‖² (l2 towards 0 at κ)
+            g = memory_grad(cfg, W, gates["kappa"][:, t], torch.zeros_like(vt), delta, create_graph, weight)
+        else:
+            g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph, weight)
 
         if lrn["kind"] == "gd":
             U = {n: -eta * g[n] for n in names}  # (lr=gate(k): eta [B,H,1,Dk] scales g's columns)
+            if erase:  # the write v kᵀ at unit rate
+                U = {"W": U["W"] + vt[..., :, None] * kt[..., None, :]}
         elif lrn["kind"] == "momentum":
             S = {n: theta * S[n] - eta * g[n] for n in names}
             U = S
@@ -509,6 +538,8 @@ def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtyp
         lo, hi = ranges[name]
         shape = {"gate": (B, T, H), "gate(k)": (B, T, H, Dk), "gate(v)": (B, T, H, Dv)}[kinds[name]]
         gates[name] = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64)
+    if "kappa" in (cfg["bias"].get("read"), cfg["bias"].get("erase")):  # the regression key κ
+        gates["kappa"] = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
     cast = lambda x: x.to(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), {n: cast(x) for n, x in gates.items()}
 

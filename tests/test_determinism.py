@@ -138,16 +138,18 @@ ISOLATED_RUNNER = textwrap.dedent('''
         gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, *([D] if name in getattr(mod, "GATE_CHANNELS", {{}}) else []),
                                                 generator=g) for name in mod.GATES}}
         state0 = mod.init_state(B, H, D, D)
-        o, state = mod.apply(q, k, v, gates)
+        x = {{"extras": {{n: torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
+                         for n in mod.EXTRAS}}}} if getattr(mod, "EXTRAS", ()) else {{}}
+        o, state = mod.apply(q, k, v, gates, **x)
         out = {{"shape": list(o.shape), "finite": bool(torch.isfinite(o).all()), "spec_head": mod.SPEC.split("{{")[0],
                "gates": list(mod.GATES), "state_keys": None}}
         if state is not None:  # (a non-causal attention has no streaming state)
-            o2, _ = mod.apply(q, k, v, gates, state=state)  # the final state continues the sequence
+            o2, _ = mod.apply(q, k, v, gates, state=state, **x)  # the final state continues the sequence
             out.update(state_keys=sorted(state), init_keys=sorted(state0), continued_finite=bool(
                 torch.isfinite(o2).all()))
         if mod.CHUNKED:
-            oc, _ = mod.apply(q, k, v, gates, algorithm="chunked")
-            out["chunked_vs_recurrent"] = float((oc - mod.apply(q, k, v, gates, algorithm="recurrent")[0]).norm()
+            oc, _ = mod.apply(q, k, v, gates, algorithm="chunked", **x)
+            out["chunked_vs_recurrent"] = float((oc - mod.apply(q, k, v, gates, algorithm="recurrent", **x)[0]).norm()
                                                 / o.norm().clamp_min(1e-30))
         torch.manual_seed(0)
         layer = mod.Layer(8, 2)

@@ -63,12 +63,18 @@ def test_ref_configs_cover_specs():
 def test_make_inputs_and_state(name):
     cfg = REF_CONFIGS[name]
     q, k, v, g, st = setup(name, T=5, Dk=4, Dv=4)
-    assert set(g) == declared_gates(cfg)
+    kappa = g.get("kappa")  # the regression key of l2(read|erase=kappa), drawn with the gates
+    assert (kappa is not None) == ("kappa" in (cfg["bias"].get("read"), cfg["bias"].get("erase")))
+    if kappa is not None:
+        torch.testing.assert_close(kappa.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
+    assert set(g) - {"kappa"} == declared_gates(cfg)
     torch.testing.assert_close(q.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
     torch.testing.assert_close(k.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
     channels = {GATE_OF_ROLE[role]: cfg[section][role] for section in ("bias", "retention", "learner")
                 for role in GATE_OF_ROLE if role in cfg[section]}
     for name_, x in g.items():
+        if name_ == "kappa":
+            continue
         assert x.shape == ((2, 5, 2) if channels[name_] == "gate" else (2, 5, 2, 4))  # Dk = Dv = 4
         assert (x > 0).all() or name_ == "theta"
         if name_ == "alpha":
@@ -121,6 +127,27 @@ def test_gated_deltanet_closed_recurrence():
 
 def _per_bh(x):  # [B,T,H,D] -> [B,H,T,D]
     return x.transpose(1, 2)
+
+
+def test_generalized_delta_as_transition_matrices():
+    """rwkv7 (erase=kappa): W_t = W_{t-1}(diag(α_t) − κ_t (η_t ⊙ κ_t)ᵀ) + v_t k_tᵀ; comba (read=kappa, decay first):
+    W_t = α_t W_{t-1}(I − η_t κ_t k_tᵀ) + η_t v_t k_tᵀ — written as matrix products, not as the reference's steps."""
+    for name in ("rwkv7", "comba"):
+        q, k, v, g, st = setup(name)
+        o, final = reference_apply(name, q, k, v, g, st)
+        W = st["W"]
+        Dk = k.shape[-1]
+        for t in range(q.shape[1]):
+            kap, eta, alpha = g["kappa"][:, t], g["eta"][:, t], g["alpha"][:, t]
+            if name == "rwkv7":
+                A = torch.diag_embed(alpha) - kap[..., :, None] * (eta * kap)[..., None, :]
+                W = W @ A + v[:, t][..., :, None] * k[:, t][..., None, :]
+            else:
+                eta, alpha = eta[..., None, None], alpha[..., None, None]
+                A = torch.eye(Dk, dtype=f64) - eta * kap[..., :, None] * k[:, t][..., None, :]
+                W = alpha * W @ A + eta * v[:, t][..., :, None] * k[:, t][..., None, :]
+            assert rel(o[:, t], torch.einsum("bhvk,bhk->bhv", W, q[:, t])) < 1e-12
+        assert rel(final["W"], W) < 1e-12
 
 
 def test_linear_attention_is_causal_masked_matmul():

@@ -97,13 +97,19 @@ def run(name: str, fn, *, dtype=f64, grad: bool = False):
     return o, final, grads
 
 
+def split_extras(mod, gates):
+    """The reference keeps the op's key inputs (EXTRAS, e.g. κ) with the gates; the module takes them apart."""
+    extras = {n: x for n, x in gates.items() if n in mod.EXTRAS}
+    return {n: x for n, x in gates.items() if n not in mod.EXTRAS}, {"extras": extras} if extras else {}
+
+
 def compiled(name: str, algorithm: str):
     mod = module(name)
 
     def fn(q, k, v, gates, state):
-        return mod.apply(
-            q, k, v, gates, state=state, backend="torch", algorithm=algorithm, chunk_size=chunk_size(name, algorithm)
-        )
+        gates, extras = split_extras(mod, gates)
+        return mod.apply(q, k, v, gates, state=state, backend="torch", algorithm=algorithm,
+                         chunk_size=chunk_size(name, algorithm), **extras)
 
     return fn
 
@@ -286,10 +292,11 @@ def test_edge_lengths_and_unequal_dims(name):
     for T in (1, chunk, chunk + 1):
         q, k, v, gates, state = make_case(name, f64, T=T, Dk=Dk, Dv=Dv, b=1, h=3)
         want = reference_apply(name, q, k, v, gates, state)
+        gates, extras = split_extras(mod, gates)
         for algorithm in algorithms:
             got = mod.apply(
                 q, k, v, gates, state=state, backend="torch", algorithm=algorithm,
-                chunk_size=4 if (algorithm == "chunked" and C is None) else None,
+                chunk_size=4 if (algorithm == "chunked" and C is None) else None, **extras,
             )  # fmt: skip
             assert got[0].shape == (1, T, 3, Dv)
             tol = 1e-10 if algorithm == "recurrent" else 1e-9
@@ -302,8 +309,9 @@ def test_default_arguments(name):
     mod = module(name)
     q, k, v, gates, state = make_case(name, f64, T=9, b=1, h=2)
     want = reference_apply(name, q, k, v, gates, state)
-    compare(mod.apply(q, k, v, gates, state=state), want, 1e-9, f"{name} auto vs reference")
-    o, final = mod.apply(q, k, v, gates)
+    gates, extras = split_extras(mod, gates)
+    compare(mod.apply(q, k, v, gates, state=state, **extras), want, 1e-9, f"{name} auto vs reference")
+    o, final = mod.apply(q, k, v, gates, **extras)
     assert o.shape == v.shape and torch.isfinite(o).all()
     assert set(final) == set(state_keys(name))
     for key in state:

@@ -38,6 +38,8 @@ def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
              * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
              for n in mod.GATES}
+    for n in getattr(mod, "EXTRAS", ()):  # key inputs (κ): unit-norm rows, kept with the gates here
+        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
     state = mod.init_state(B, H, Dk, Dv)
     # a non-zero momentum buffer, so its initial value matters
     state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s for n, s in state.items()}
@@ -53,8 +55,10 @@ def test_triton_recurrent_matches_torch(path):
     leaves = [q, k, v, *gates.values(), *[s for n, s in state.items() if not n.startswith("S_")]]
     for t in leaves:
         t.requires_grad_(True)
-    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
-    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    gs = {n: x for n, x in gates.items() if n not in mod.EXTRAS}
+    ex = {"extras": {n: gates[n] for n in mod.EXTRAS}} if mod.EXTRAS else {}
+    o, final = mod.apply(q, k, v, gs, state=state, backend="triton", algorithm="recurrent", **ex)
+    ref, ref_final = mod.apply(q, k, v, gs, state=state, backend="torch", algorithm="recurrent", **ex)
     assert rel(o, ref) < 2e-5
     assert set(final) == set(ref_final)
     for n in ref_final:

@@ -78,6 +78,8 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
     """Which chunked algorithm computes this spec exactly, or None with the reason."""
     m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
     channels = spec.gate_channels()
+    if spec.generalized_delta:  # validated: linear memory, gd, none/decay over heads or key channels, exact
+        return "gdelta", ""
     if {channels.get("alpha"), channels.get("theta")} == {"k", "v"}:
         return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
                       "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
@@ -221,7 +223,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
             constants[g] = val
     flags = _flags(spec, d, kind)
     subs = _slots(spec, d, forward, grad, kind, reason, constants)
-    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else [])
+    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
+        + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
     subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
@@ -266,7 +269,10 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "chunk_delta": kind == "delta" and not spec.channel_gates,
         "channel_minibatch": kind == "minibatch" and bool(channel_decay),
         "channel_delta": kind == "delta" and spec.channel_gates,
-        "channel_chunks": kind is not None and spec.channel_gates,
+        "channel_chunks": (kind is not None and spec.channel_gates) or kind == "gdelta",
+        "chunk_gdelta": kind == "gdelta",
+        "gdelta_write": spec.generalized_delta == "erase",
+        "extras": bool(spec.extras),
         "channel_k": channel_decay == "k",
         "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
@@ -281,6 +287,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
     return {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
+        "EXTRAS": repr(spec.extras),
         "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
@@ -365,13 +372,15 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
     eqs = "\n".join("    " + line for line in equations(spec, d))
     algos = {"minibatch": "chunked = mini-batch dual form (prefix sums of rank-1 updates, masked matmuls)",
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
+             "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
              None: f"chunked: not available ({reason})"}[kind]
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
     return (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
             f"Spec:\n\n{spec_text}\n\nDerived update rule, per (batch, head), for t = 1..T:\n\n{eqs}\n\n"
             f"Algorithms: recurrent = the token loop above (reference); {algos}.\n"
             + (f"{triton_line}\n" if triton_line else "") +
-            "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv].\n"
+            "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv]"
+            + "".join(f"; extras['{n}'] [B, T, H, Dk]" for n in spec.extras) + ".\n"
             '"""\n').replace("\\", "\\\\")
 
 

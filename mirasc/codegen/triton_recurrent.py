@@ -35,8 +35,11 @@ def batched_factors(spec: S.Spec) -> int:
 
 def vector_coefficients(spec: S.Spec) -> dict[str, str]:
     """The coefficients the module passes as vectors ([B, H, T, D]): name in the module's coefficient dict
-    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph)."""
-    return {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+    -> the side ("k" or "v") they run over. A channel-wise η is `eta_ch` (read by the gradient graph); the
+    regression key κ of l2(read|erase=kappa) is a key-sized input the gradient graph reads like it."""
+    out = {("eta_ch" if g == "eta" else g): side for g, side in spec.gate_channels().items() if side}
+    out.update({n: S.EXTRA_INPUTS[n] for n in spec.extras})
+    return out
 
 
 # ---- V tiles: which specs' recurrent kernels split the rows of the memory over programs
@@ -71,7 +74,7 @@ def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
     for nid in gr.order():
         op, srcs = gr.node(nid), gr.srcs(nid)
         if op.op == "input":
-            dims[nid] = {"k": "k", "x": "k", "v": "v"}.get(op.arg, "s")
+            dims[nid] = {"k": "k", "x": "k", "v": "v", **S.EXTRA_INPUTS}.get(op.arg, "s")
         elif op.op == "weight":
             dims[nid] = "w"
         elif op.op in ("linear", "layer"):
@@ -137,7 +140,8 @@ def vector_loads(vectors: dict[str, str]) -> list[str]:
     lines = []
     for n, side in vectors.items():
         bcast = "" if n not in ("alpha", "theta") else "[None, :]" if side == "k" else "[:, None]"
-        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other=1.0){bcast}")
+        pad = "0.0" if n in S.EXTRA_INPUTS else "1.0"  # a key's padded lanes are 0, like k's
+        lines.append(f"c_{n} = tl.load(G_{n} + (bh * T + t) * N{side} + r{side}, mask=m{side}, other={pad}){bcast}")
     return lines
 
 
@@ -158,7 +162,8 @@ def chunk_tiles(coef_order: list[str]) -> list[str]:
 def graph_vector_inputs(spec: S.Spec) -> dict[str, tuple[str, str]]:
     """Graph inputs that are per-token vectors in the recurrent kernel: k, v and the channel-wise η, δ."""
     out = {"k": ("k", "k"), "v": ("v", "v")}
-    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")})
+    out.update({n: (f"c_{n}", side) for n, side in vector_coefficients(spec).items()
+                if n in ("eta_ch", "delta", *S.EXTRA_INPUTS)})
     return out
 
 

@@ -57,6 +57,7 @@ class _Backward:
         self.mom, self.mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
         self.readout = r.kind in ("elastic", "bregman", "lq", "kl")
         self.store_acc = r.kind in ("elastic", "lq")
+        self.write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
         self.wdims = spec.weight_dims()
         self.n_w = len(self.wdims)
         self.bc = batched_factors(spec)
@@ -186,6 +187,8 @@ class _Backward:
                 lines += [f"s_prev{i} = s{i}", f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
             else:
                 lines.append(f"upd{i} = -c_eta * grad{i}")
+            if self.write:
+                lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
             if self.readout:
                 lines.append(f"y_prev{i} = y{i}")
                 lines.append(f"y{i} = y{i} + upd{i}" if r.kind == "bregman" else f"y{i} = c_alpha * y{i} + upd{i}")
@@ -284,6 +287,8 @@ class _Backward:
         lines = list(v_lines)
         lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros_like(k)")
         lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros_like(v)")
+        if self.write:  # the write v kᵀ (linear memory: weight 0): dv += dU k, dk += dUᵀ v (a partial sum over V tiles)
+            lines += ["dk = dk + tl.sum(dupd0 * v[:, None], axis=0)", "dv = dv + tl.sum(dupd0 * k[None, :], axis=1)"]
         for n in self.coef_order:
             if f"d_{n}" in v_out:
                 lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)

@@ -92,6 +92,8 @@ def _update(spec: S.Spec, d: Derivation, i: int, delta: str, inp: str) -> list[s
         lines += [f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
     else:
         lines.append(f"upd{i} = -c_eta * grad{i}")
+    if spec.generalized_delta == "erase":  # the write v kᵀ at unit rate (the gradient factors are the erase)
+        lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
     if r.kind == "none" or (r.kind == "decay" and r.order == "pre"):
         lines.append(f"w{i} = w{i} + upd{i}")
     elif r.kind == "decay":
