@@ -41,7 +41,7 @@ from .. import ir
 from .. import spec as S
 from ..derive import Derivation
 from . import triton_minibatch_stream as stream
-from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul
+from .triton_backend import BLOCK, SIZE, Unsupported, _graph_lines, tile_matmul, vector_coefficients
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
 
@@ -58,9 +58,19 @@ def minibatch_reason(spec: S.Spec) -> str | None:
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):
         return f"the {l.kind} learner"
-    if spec.channel_gates:
-        return "channel-wise gates are loaded per token by the recurrent kernel only"
+    decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
+    if decays:
+        return (f"a channel-wise {' and '.join(decays)} makes the chunk's decay products one [C, C] matrix per "
+                "channel; these kernels take one per head (the torch chunked path has them)")
     return None
+
+
+def vector_inputs(spec: S.Spec) -> dict[str, str]:
+    """The channel-wise coefficients the kernels read as [C, n] token tiles of the gradient graph (CONTRACT §6):
+    lr=gate(v|k) as `eta_ch` (dℓ/dy weighted per output channel, or the first layer's input η ⊙ k) and
+    huber(delta=gate(v)); name -> the side ("k" or "v") they run over. Their cotangents come out of the
+    reverse-mode graph of `memory_grad` like those of k and v."""
+    return {n: side for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")}
 
 
 def _dot(a: str, b: str) -> str:
@@ -80,7 +90,9 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     mom = spec.learner.kind == "momentum"
     wdims = spec.weight_dims()
     n_w = len(wdims)
-    scal = {n: f"c_{n}" for n in coef_order}
+    vecs = vector_inputs(spec)  # channel-wise η / δ: [BC, n] tiles the gradient graph reads like k and v
+    scalars = [n for n in coef_order if n not in vecs]
+    scal = {n: f"c_{n}" for n in scalars}
 
     plain = tile_matmul("PREC")  # a matmul on the anchor weights
 
@@ -94,7 +106,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
         return " + ".join(terms)
 
     W = [f"w{i}" for i in range(n_w)]
-    tokens = {"k": ("k", "k"), "v": ("v", "v")}
+    tokens = {"k": ("k", "k"), "v": ("v", "v"), **{n: (f"c_{n}", side) for n, side in vecs.items()}}
 
     def tile(base, i, slot=None):
         rows, cols = wdims[i]
@@ -121,7 +133,9 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
                       "kml = tl.load(KML + (bh * NCH + ci) * BC + rc)",
                       "bl = tl.load(SC + (bh * NCH + ci) * 3 + 1)",
                       "thl = tl.load(SC + (bh * NCH + ci) * 3 + 2)"]
-        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(coef_order)]
+        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(scalars)]
+        lines += [f"c_{n} = tl.load(G_{n} + (bh * T + tok[:, None]) * N{side} + r{side}[None, :], "
+                  f"mask=m{side}[None, :], other=0.0)" for n, side in vecs.items()]
         # the gradient factors of the chunk's tokens at the anchor: (δ_i, x_i) = (dl_i, x_i)
         g_lines, g_out, _ = _graph_lines(grad, "g_", W, scal, tokens, wdims, matmul=plain)
         lines += g_lines
@@ -157,7 +171,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
         body.append(f"tl.store({tile(f'CKW{i}', i, 'NCH')}, w{i}, mask=mask{i})")
         if mom:
             body.append(f"tl.store({tile(f'CKS{i}', i, 'NCH')}, s{i}, mask=mask{i})")
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
     for i in range(n_w):
         ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
     consts = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, "
@@ -170,7 +184,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     for i in range(n_w):
         seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
         seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
-    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp")
+    gvjp = ir.vjp(grad, seeds, "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(vecs))
     fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
     body = prologue()
     for i in range(n_w):
@@ -241,10 +255,14 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     loop += ["tl.store(DQ + (bh * T + tok[:, None]) * Nk + rk[None, :], dq, mask=mk[None, :])",
              "tl.store(DK + (bh * T + tok[:, None]) * Nk + rk[None, :], dk, mask=mk[None, :])",
              "tl.store(DV + (bh * T + tok[:, None]) * Nv + rv[None, :], dv, mask=mv[None, :])"]
-    for j, n in enumerate(coef_order):
+    for j, n in enumerate(scalars):
         if f"d_{n}" in v_out:  # a gate inside the bias (e.g. Huber's δ): a [BC, 1] per-token scalar
             loop.append(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.sum({v_out[f'd_{n}']} "
                         f"+ tl.zeros([BC, 1], tl.float32), axis=1))")
+    for n, side in vecs.items():  # a channel-wise η or δ: its cotangent is a [BC, n] tile of the reverse graph
+        val = v_out.get(f"d_{n}", f"tl.zeros([BC, {BLOCK[side]}], tl.float32)")
+        loop.append(f"tl.store(DG_{n} + (bh * T + tok[:, None]) * N{side} + r{side}[None, :], {val}, "
+                    f"mask=m{side}[None, :])")
     loop += ["tl.store(DKMAT + ((bh * NCH + ci) * BC + rc[:, None]) * BC + rc[None, :], dkmat)",
              "tl.store(DGAM + bh * T + tok, dgam)",
              "tl.store(DKL + (bh * NCH + ci) * BC + rc, dkl)",
@@ -263,15 +281,15 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
         body.append(f"tl.store({tile(f'DW0_{i}', i)}, dw{i}, mask=mask{i})")
         if mom:
             body.append(f"tl.store({tile(f'DS0_{i}', i)}, ds{i}, mask=mask{i})")
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
     for i in range(n_w):
         ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
-    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
+    ptrs += ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in vecs], "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
     kernels += ("\n    @triton.jit\n    def _minibatch_bwd(" + ", ".join(ptrs) + ", " + consts + "):  # noqa: C901\n"
                 + "\n".join("        " + ln for ln in body) + "\n")
     # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
-    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
-    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
+    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order, vecs)
+    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order, vecs)
     kernels += "\n" + fwd_src + "\n" + bwd_src
     flags = {"momentum": mom, "has_alpha": spec.retention.kind == "decay"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
