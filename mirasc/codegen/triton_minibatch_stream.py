@@ -455,7 +455,8 @@ def _factors(em, scr, wdims, grad, coef_order, vecs, anchors, mom_anchors, mom):
     return env, [(out[f"delta{i + 1}"], out[f"input{i + 1}"]) for i in range(len(wdims))]
 
 
-def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str], vecs: dict[str, str]) -> tuple[str, str]:
+def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                 vecs: dict[str, str]) -> tuple[str, str]:
     """(kernel source, scratch floats per program as a Python expression in Nk, Nv, Ne, BC). `vecs`: the
     channel-wise coefficients the gradient graph reads as token vectors (name -> side)."""
     mom = spec.learner.kind == "momentum"
@@ -502,7 +503,8 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
     return src, Scratch.expr(scr.used)
 
 
-def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str], vecs: dict[str, str]) -> tuple[str, str]:
+def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                  vecs: dict[str, str]) -> tuple[str, str]:
     """Two kernels per chunk, launched in turn for chunks NCH-1 .. 0 (CC = NCH-1-chunk); one is ~half the code,
     so each compiles in well under a minute. DW0_i / DS0_i hold the cotangent of the chunk end on entry and of
     the chunk's anchor on exit (the torch glue starts them at the final state's cotangent):
@@ -598,7 +600,8 @@ def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]
     ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
     for i in range(n_w):
         ptrs += [f"CKW{i}", f"CKS{i}", f"DW0_{i}", f"DS0_{i}"]
-    ptrs += ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in vecs], "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR", "CC"]
+    ptrs += ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in vecs], "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR",
+             "CC"]
     src = ""
     for name, lines in (("a", lines_a), ("b", lines_b)):
         src += (f"\n    @triton.jit\n    def _minibatch_stream_bwd_{name}(" + ", ".join(ptrs) + ", " + CONSTS
