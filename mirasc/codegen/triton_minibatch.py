@@ -27,6 +27,11 @@ the interpreter uses it (small states); on a GPU it spills even at D = 16. "stre
 (triton_minibatch_stream.py): the weights stay in global memory (the W_0 checkpoints) and every dimension
 is walked in tiles, so the on-chip footprint depends only on the chunk tile BC and the tile width; this is
 what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the same IR graphs.
+Channel-wise coefficients (CONTRACT §6): `lr=gate(v)` (`lr=gate(k)` on a linear memory) and
+`huber(delta=gate(v))` are inputs of `memory_grad` (`eta_ch` weights dℓ/dy, or the first layer's input
+η ⊙ k; `delta` is the Huber threshold), so the kernels load them as [C, n] token tiles like k and v and
+take their cotangents from `ir.vjp(memory_grad)` with them as vector inputs; the per-head η of the
+preparation is then 1. A channel-wise α or θ would make K one [C, C] matrix per channel: refused.
 A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
 each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
 and padded rows change nothing (their outputs are dropped).
