@@ -37,7 +37,9 @@ def main():
 
     def step(mod):
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        gates = {n: (0.2 + 0.7 * torch.rand(B, T, H, generator=torch.Generator().manual_seed(1))).requires_grad_(True)
+        channels = getattr(mod, "GATE_CHANNELS", {})  # channel-wise gates (lr=gate(v)): [B, T, H, D]
+        gates = {n: (0.2 + 0.7 * torch.rand(B, T, H, *([D] if n in channels else []),
+                                            generator=torch.Generator().manual_seed(1))).requires_grad_(True)
                  for n in mod.GATES}
         o, final = mod.apply(*leaves, gates, backend="torch", algorithm="chunked")
         loss = o.square().sum() + sum(x.square().sum() for x in final.values())

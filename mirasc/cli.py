@@ -21,7 +21,7 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
       memory    = mlp(depth=2, expansion=4, act=gelu, residual=true, norm=layernorm)
       bias      = lp(p=3)                 # the attentional bias: the inner loss in e = M(k) - v
       retention = lq(q=4, alpha=gate)     # how the memory keeps the past
-      learner   = gd(lr=gate)             # how the memory is updated per token
+      learner   = gd(lr=gate(v))          # how the memory is updated per token (channel-wise step size)
       parallel  = minibatch(64, readout=chunk)  # exact, or gradients per chunk at the chunk's anchor state;
                                                 # readout=chunk: lq/kl maps at chunk boundaries only
   }
@@ -36,6 +36,8 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
 
 A coefficient written `gate` is a per-token input of the compiled op ([B, T, H]) named by its role:
 eta (lr), alpha (retention), theta (momentum), delta (Huber); a number makes it a constant.
+`gate(k)` / `gate(v)` make it channel-wise, [B, T, H, Dk] / [B, T, H, Dv] (lr=gate(v): the loss weighted
+per output channel).
 
 The manual is docs/ in the mirasc repository: language.md, semantics.md, module-api.md, cli.md.
 """

@@ -159,7 +159,7 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
     lr = getattr(l, "lr", 1.0)
     if lr == S.GATE_V:  # the loss weighted per output channel; for a linear memory this is diag(η_t)·g_t
-        out.append("            ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
+        out.append("loss:       ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
         step = "g_t"
     elif lr == S.GATE_K:
         step = "g_t·diag(η_t)"

@@ -138,7 +138,7 @@ REF_CONFIGS: dict[str, dict] = {
         memory=_MLP,
         bias=dict(kind="l2"),
         retention=dict(kind="kl", c=1.0, alpha="gate"),
-        learner=dict(kind="gd", lr="gate"),
+        learner=dict(kind="gd", lr="gate(v)"),
         parallel=64,
         readout="chunk",
     ),
@@ -153,7 +153,7 @@ REF_CONFIGS: dict[str, dict] = {
         memory=_MLP,
         bias=dict(kind="lp", p=3.0, eps=1e-6),
         retention=dict(kind="lq", q=4.0, alpha="gate"),
-        learner=dict(kind="gd", lr="gate"),
+        learner=dict(kind="gd", lr="gate(v)"),
         parallel=64,
         readout="chunk",
     ),
@@ -211,7 +211,7 @@ REF_CONFIGS: dict[str, dict] = {
         memory=_MLP,
         bias=dict(kind="huber", delta="gate", mode="mixture"),
         retention=dict(kind="decay", alpha="gate", order="post"),
-        learner=dict(kind="gd", lr="gate"),
+        learner=dict(kind="gd", lr="gate(v)"),
         parallel=64,
         # ||e|| of a residual+LayerNorm memory is about sqrt(2 Dv + 1); scale delta so that both
         # branches of the mixture are taken (for Dv = 8)

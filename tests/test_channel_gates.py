@@ -204,7 +204,7 @@ def test_triton_recurrent_matches_reference(name):
         assert rel(final[key], s_ref[key]) < 1e-4, (key, rel(final[key], s_ref[key]))
     for key, want in g_ref.items():
         assert rel(grads[key], want) < 1e-4, (f"d/d{key}", rel(grads[key], want))
-    if mod.CHUNKED and name not in TRITON_CHUNKED:  # value-side gates: a chunked Triton request says so
+    if mod.CHUNKED and name not in TRITON_CHUNKED | TRITON_MINIBATCH:  # channel decays: the request says so
         q, k, v, gates, state = case(name)
         with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
             triton_chunked = {n: x.float() for n, x in gates.items()}
@@ -212,22 +212,27 @@ def test_triton_recurrent_matches_reference(name):
 
 
 # The cases the chunked Triton kernels take (a decay over key channels and/or lr=gate(k); hebbian and delta
-# families); every other case with a chunked form has value-side gates, θ or a mini-batch and refuses.
+# families), and those the mini-batch kernels take (MLP memories with lr=gate(v), huber(delta=gate(v)):
+# tests/test_triton_minibatch_channel.py covers more); every other case with a chunked form has a value-side
+# or momentum decay per channel, or a per-token readout, and refuses.
 TRITON_CHUNKED = {"gla", "hgrn_like", "kda", "delta_key_lr", "longhorn_channel_decay"}
+TRITON_MINIBATCH = {"mlp_value_lr", "mlp_huber_value_delta"}
 
 
-@pytest.mark.parametrize("name", sorted(TRITON_CHUNKED))
+@pytest.mark.parametrize("name", sorted(TRITON_CHUNKED | TRITON_MINIBATCH))
 def test_triton_chunked_matches_reference(name):
-    """The chunked Triton kernels (interpreted here; tests/test_triton_channel_chunks.py covers more shapes):
-    float32 against the float64 reference, chunk 8 not dividing T."""
+    """The chunked Triton kernels (interpreted here; tests/test_triton_channel_chunks.py and
+    test_triton_minibatch_channel.py cover more shapes): float32 against the float64 reference, chunk 8 not
+    dividing T; the MLP cases on the mini-batch kernels."""
     pytest.importorskip("triton")
     mod, (o_ref, s_ref, g_ref) = module(name), reference(name)
-    assert mod.CHUNKED and mod._CHUNK_OP is not None
+    assert mod.CHUNKED and (mod._CHUNK_OP if name in TRITON_CHUNKED else mod._MINIBATCH_OP) is not None
+    chunk = CHUNK if name in TRITON_CHUNKED else None  # the mini-batch kernels: the spec's minibatch(8)
 
     def fn(q, k, v, gates, state):
         o, final = mod.apply(q.float(), k.float(), v.float(), {n: g.float() for n, g in gates.items()},
                              state={n: x.float() for n, x in state.items()}, backend="triton",
-                             algorithm="chunked", chunk_size=CHUNK)
+                             algorithm="chunked", chunk_size=chunk)
         return o.double(), {n: x.double() for n, x in final.items()}
 
     o, final, grads = run(name, fn)

@@ -48,7 +48,8 @@ def module(name: str):
         spec = (SPECS / f"{base}.miras").read_text().replace("minibatch(64, readout=chunk)",
                                                             f"minibatch({C}, readout=chunk)")
         if text.endswith("+momentum"):
-            spec = spec.replace("gd(lr=gate)", "momentum(lr=gate, theta=gate)")
+            spec = spec.replace("gd(lr=gate(v))", "momentum(lr=gate(v), theta=gate)")
+            assert "momentum(" in spec
         return mirasc.compile_spec(spec.replace(f"model {base} ", f"model {name} "))
     return mirasc.compile_spec(f"model {name} {{\n{text}\nparallel = minibatch({C}, readout=chunk)\n}}\n")
 
@@ -58,7 +59,10 @@ def inputs(mod, T, Dk, Dv, B=1, H=2):
     q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1)
     v = torch.randn(B, T, H, Dv, generator=g)
-    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0]) * torch.rand(B, T, H, generator=g) for n in mod.GATES}
+    channels = getattr(mod, "GATE_CHANNELS", {})  # the bundled Moneta/Memora: lr=gate(v), η of [B, T, H, Dv]
+    gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
+             * torch.rand(B, T, H, *([Dk if channels[n] == "k" else Dv] if n in channels else []), generator=g)
+             for n in mod.GATES}
     state = mod.init_state(B, H, Dk, Dv)
     state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s for n, s in state.items()}
     return q, k, v, gates, state

@@ -325,9 +325,6 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
         tri_grad = _scaled_factors(grad)
         tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
-        if chunk_readout and spec.channel_gates:
-            raise triton_backend.Unsupported("readout=chunk (CONTRACT §7) with channel-wise gates has no Triton kernel "
-                                             "(its chunk kernels take per-head coefficients)")
         triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, tri_grad, tri_coefs), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)

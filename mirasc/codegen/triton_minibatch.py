@@ -27,6 +27,11 @@ the interpreter uses it (small states); on a GPU it spills even at D = 16. "stre
 (triton_minibatch_stream.py): the weights stay in global memory (the W_0 checkpoints) and every dimension
 is walked in tiles, so the on-chip footprint depends only on the chunk tile BC and the tile width; this is
 what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the same IR graphs.
+Channel-wise coefficients (CONTRACT §6): `lr=gate(v)` (`lr=gate(k)` on a linear memory) and
+`huber(delta=gate(v))` are inputs of `memory_grad` (`eta_ch` weights dℓ/dy, or the first layer's input
+η ⊙ k; `delta` is the Huber threshold), so the kernels load them as [C, n] token tiles like k and v and
+take their cotangents from `ir.vjp(memory_grad)` with them as vector inputs; the per-head η of the
+preparation is then 1. A channel-wise α or θ would make K one [C, C] matrix per channel: refused.
 A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
 each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
 and padded rows change nothing (their outputs are dropped).
@@ -42,6 +47,7 @@ from .. import spec as S
 from ..derive import Derivation
 from . import triton_minibatch_stream as stream
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
+from .triton_recurrent import vector_coefficients
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
 
@@ -58,9 +64,19 @@ def minibatch_reason(spec: S.Spec) -> str | None:
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):
         return f"the {l.kind} learner"
-    if spec.channel_gates:
-        return "channel-wise gates are loaded per token by the recurrent kernel only"
+    decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
+    if decays:
+        return (f"a channel-wise {' and '.join(decays)} makes the chunk's decay products one [C, C] matrix per "
+                "channel; these kernels take one per head (the torch chunked path has them)")
     return None
+
+
+def vector_inputs(spec: S.Spec) -> dict[str, str]:
+    """The channel-wise coefficients the kernels read as [C, n] token tiles of the gradient graph (CONTRACT §6):
+    lr=gate(v|k) as `eta_ch` (dℓ/dy weighted per output channel, or the first layer's input η ⊙ k) and
+    huber(delta=gate(v)); name -> the side ("k" or "v") they run over. Their cotangents come out of the
+    reverse-mode graph of `memory_grad` like those of k and v."""
+    return {n: side for n, side in vector_coefficients(spec).items() if n in ("eta_ch", "delta")}
 
 
 def _dot(a: str, b: str) -> str:
@@ -85,8 +101,8 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     kernels = jit_kernel("_minibatch_fwd", dual.forward_params(), dual.forward_body())
     kernels += "\n" + jit_kernel("_minibatch_bwd", dual.backward_params(), dual.backward_body())
     # the streamed kernels (weights in global memory, tiles over every dimension): see triton_minibatch_stream
-    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order)
-    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order)
+    fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order, dual.vecs)
+    bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order, dual.vecs)
     kernels += "\n" + fwd_src + "\n" + bwd_src
     flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay"}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
@@ -103,9 +119,11 @@ class _DualForm:
         self.mom = spec.learner.kind == "momentum"
         self.wdims = spec.weight_dims()
         self.n_w = len(self.wdims)
-        self.scal = {n: f"c_{n}" for n in coef_order}
+        self.vecs = vector_inputs(spec)  # channel-wise η / δ: [BC, n] tiles the gradient graph reads like k and v
+        self.scalars = [n for n in coef_order if n not in self.vecs]
+        self.scal = {n: f"c_{n}" for n in self.scalars}
         self.W = [f"w{i}" for i in range(self.n_w)]
-        self.tokens = {"k": ("k", "k"), "v": ("v", "v")}
+        self.tokens = {"k": ("k", "k"), "v": ("v", "v"), **{n: (f"c_{n}", side) for n, side in self.vecs.items()}}
         self.plain = tile_matmul("PREC")  # a matmul on the anchor weights
 
     def dual(self, op, i, w, h):
@@ -146,7 +164,9 @@ class _DualForm:
                       "kml = tl.load(KML + (bh * NCH + ci) * BC + rc)",
                       "bl = tl.load(SC + (bh * NCH + ci) * 3 + 1)",
                       "thl = tl.load(SC + (bh * NCH + ci) * 3 + 2)"]
-        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(self.coef_order)]
+        lines += [f"c_{n} = tl.load(C + (bh * T + tok) * NC + {j})[:, None]" for j, n in enumerate(self.scalars)]
+        lines += [f"c_{n} = tl.load(G_{n} + (bh * T + tok[:, None]) * N{side} + r{side}[None, :], "
+                  f"mask=m{side}[None, :], other=0.0)" for n, side in self.vecs.items()]
         # the gradient factors of the chunk's tokens at the anchor: (δ_i, x_i) = (dl_i, x_i)
         g_lines, g_out, _ = graph_lines(self.grad, "g_", self.W, self.scal, self.tokens, self.wdims,
                                         matmul=self.plain)
@@ -167,7 +187,7 @@ class _DualForm:
     # ---- forward
 
     def forward_params(self) -> str:
-        ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
+        ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in self.vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
         for i in range(self.n_w):
             ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
         return ", ".join(ptrs) + ", " + CONSTS
@@ -195,10 +215,11 @@ class _DualForm:
     # ---- backward
 
     def backward_params(self) -> str:
-        ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
+        ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in self.vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
         for i in range(self.n_w):
             ptrs += [f"CKW{i}", f"CKS{i}", f"DWF{i}", f"DSF{i}", f"DW0_{i}", f"DS0_{i}"]
-        ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC"]
+        ptrs += ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in self.vecs], "DKMAT", "DGAM", "DBM", "DKL", "DKML",
+                 "DSC"]
         return ", ".join(ptrs) + ", " + CONSTS
 
     def backward_body(self) -> list[str]:
@@ -281,7 +302,7 @@ class _DualForm:
         for i in range(self.n_w):
             seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
             seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
-        gvjp = ir.vjp(self.grad, seeds, "memory_grad_vjp")
+        gvjp = ir.vjp(self.grad, seeds, "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(self.vecs))
         cts = dict(self.tokens)
         for i, (rows, cols) in enumerate(self.wdims):
             cts[f"ct_delta{i + 1}"] = (f"ddl{i}", rows)
@@ -298,10 +319,14 @@ class _DualForm:
         lines += ["tl.store(DQ + (bh * T + tok[:, None]) * Nk + rk[None, :], dq, mask=mk[None, :])",
                   "tl.store(DK + (bh * T + tok[:, None]) * Nk + rk[None, :], dk, mask=mk[None, :])",
                   "tl.store(DV + (bh * T + tok[:, None]) * Nv + rv[None, :], dv, mask=mv[None, :])"]
-        for j, n in enumerate(self.coef_order):
+        for j, n in enumerate(self.scalars):
             if f"d_{n}" in v_out:  # a gate inside the bias (e.g. Huber's δ): a [BC, 1] per-token scalar
                 lines.append(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.sum({v_out[f'd_{n}']} "
                              f"+ tl.zeros([BC, 1], tl.float32), axis=1))")
+        for n, side in self.vecs.items():  # a channel-wise η or δ: its cotangent is a [BC, n] tile of the reverse graph
+            val = v_out.get(f"d_{n}", f"tl.zeros([BC, {BLOCK[side]}], tl.float32)")
+            lines.append(f"tl.store(DG_{n} + (bh * T + tok[:, None]) * N{side} + r{side}[None, :], {val}, "
+                         f"mask=m{side}[None, :])")
         return lines
 
     def store_chunk_grads(self) -> list[str]:

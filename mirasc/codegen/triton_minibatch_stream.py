@@ -135,16 +135,20 @@ class _Printer(GraphPrinter):
         return super()._matmul(i, h, transposed)
 
 
-def _factors(em, scr, wdims, grad, coef_order, anchors, mom_anchors, mom):
-    """The chunk's gradient factors at its anchor: `memory_grad` on the chunk (plain matmuls)."""
+def _factors(em, scr, wdims, grad, coef_order, vecs, anchors, mom_anchors, mom):
+    """The chunk's gradient factors at its anchor: `memory_grad` on the chunk (plain matmuls). Per-head
+    coefficients are columns of C; channel-wise ones (`vecs`, CONTRACT §6) token rows of G_<name>, like k and v."""
     env = {"k": _tokens("K", "k"), "v": _tokens("V", "v")}
-    env.update({n: ("coef", j) for j, n in enumerate(coef_order)})
+    env.update({n: ("coef", j) for j, n in enumerate(n for n in coef_order if n not in vecs)})
+    env.update({n: _tokens(f"G_{n}", side) for n, side in vecs.items()})
     out = _Printer(em, scr, wdims, anchors, mom_anchors, None, mom).run(grad, env)
     return env, [(out[f"delta{i + 1}"], out[f"input{i + 1}"]) for i in range(len(wdims))]
 
 
-def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> tuple[str, str]:
-    """(kernel source, scratch floats per program as a Python expression in Nk, Nv, Ne, BC)."""
+def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                 vecs: dict[str, str]) -> tuple[str, str]:
+    """(kernel source, scratch floats per program as a Python expression in Nk, Nv, Ne, BC). `vecs`: the
+    channel-wise coefficients the gradient graph reads as token vectors (name -> side)."""
     mom = spec.learner.kind == "momentum"
     wdims = spec.weight_dims()
     em, scr = Lines(), Scratch()
@@ -159,7 +163,7 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str])
     _chunk_coefs(em, mom)
     anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
     mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
-    _, facs = _factors(em, scr, wdims, grad, coef_order, anchors, mom_anchors, mom)
+    _, facs = _factors(em, scr, wdims, grad, coef_order, vecs, anchors, mom_anchors, mom)
     out = _Printer(em, scr, wdims, anchors, mom_anchors, facs, mom).run(forward, {"x": _tokens("Q", "k")})
     em("# the read's outputs")
     _copy_tokens(em, "v", out["y"], _tokens("O", "v"))
@@ -181,29 +185,31 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str])
         _each_tile(em, wd, end)
     em.barrier()
     em.ind -= 1
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
     for i in range(len(wdims)):
         ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
     return jit_kernel("_minibatch_stream_fwd", ", ".join(ptrs + ["SCR"]) + ", " + CONSTS, em.lines), \
         Scratch.expr(scr.used)
 
 
-def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> tuple[str, str]:
+def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+                  vecs: dict[str, str]) -> tuple[str, str]:
     """Two kernels per chunk, launched in turn for chunks NCH-1 .. 0 (CC = NCH-1-chunk); one is ~half the code,
     so each compiles in well under a minute. DW0_i / DS0_i hold the cotangent of the chunk end on entry and of
     the chunk's anchor on exit (the torch glue starts them at the final state's cotangent):
       A: the factors, the read's reverse (dq, the pairs), the chunk end's reverse: dΔ, dX, dK, dγ, db, dk_n,
          dg, dΘ, and M = g dW + Σ (L ∘ γ)ᵀ R (MS = b_n dW + Θ_n dS + Σ (L ∘ b)ᵀ R) in scratch;
-      B: the factors' reverse (dk, dv, the bias's gates) and dW_0 = M + Σ Lᵀ R, dS_0 = MS.
+      B: the factors' reverse (dk, dv, the bias's gates, the channel-wise η / δ) and dW_0 = M + Σ Lᵀ R, dS_0 = MS.
     Each kernel only reads what the other writes, so a repeated launch (the autotuner's) gives the same result.
     Returns (both kernels' source, scratch floats per program)."""
-    bw = _Backward(spec, forward, grad, coef_order)
+    bw = _Backward(spec, forward, grad, coef_order, vecs)
     lines_a, scr_a = bw.kernel_a()
     lines_b, scr_b = bw.kernel_b()
-    ptrs = ["Q", "K", "V", "C", "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
+    ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "DO"]
     for i in range(bw.n_w):
         ptrs += [f"CKW{i}", f"CKS{i}", f"DW0_{i}", f"DS0_{i}"]
-    ptrs += ["DQ", "DK", "DV", "DC", "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR", "CC"]
+    ptrs += ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in vecs], "DKMAT", "DGAM", "DBM", "DKL", "DKML", "DSC", "SCR",
+             "CC"]
     src = ""
     for name, lines in (("a", lines_a), ("b", lines_b)):
         src += "\n" + jit_kernel(f"_minibatch_stream_bwd_{name}", ", ".join(ptrs) + ", " + CONSTS, lines)
@@ -216,13 +222,13 @@ def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]
 class _Backward:
     """The scratch both backward kernels share (what A hands to B: M, MS, dΔ, dX) and the weights' bases."""
 
-    def __init__(self, spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]):
-        self.grad, self.coef_order = grad, coef_order
+    def __init__(self, spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str], vecs: dict[str, str]):
+        self.grad, self.coef_order, self.vecs = grad, coef_order, vecs
         self.mom = mom = spec.learner.kind == "momentum"
         self.wdims = wdims = spec.weight_dims()
         self.n_w = n_w = len(wdims)
         self.gvjp = ir.vjp(grad, {f"{n}{i + 1}": f"ct_{n}{i + 1}" for i in range(n_w) for n in ("delta", "input")},
-                           "memory_grad_vjp")
+                           "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(vecs))
         self.fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
         self.shared = shared = Scratch()  # what A hands to B; each kernel's own slots come after
         size = [f"{SIZE[r]} * {SIZE[c]}" for r, c in wdims]
@@ -241,8 +247,8 @@ class _Backward:
         _prologue(em)
         em("ci = NCH - 1 - CC")
         _chunk_coefs(em, self.mom)
-        env, facs = _factors(em, scr, self.wdims, self.grad, self.coef_order, self.anchors, self.mom_anchors,
-                             self.mom)
+        env, facs = _factors(em, scr, self.wdims, self.grad, self.coef_order, self.vecs, self.anchors,
+                             self.mom_anchors, self.mom)
         return em, scr, env, facs
 
     def printer(self, em, scr, facs):
@@ -284,12 +290,14 @@ class _Backward:
         go = self.printer(em, scr, None).run(self.gvjp, env)
         _copy_tokens(em, "k", go.get("d_k"), _tokens("DK", "k"))
         _copy_tokens(em, "v", go.get("d_v"), _tokens("DV", "v"))
-        for j, n in enumerate(self.coef_order):
+        for j, n in enumerate(n for n in self.coef_order if n not in self.vecs):
             if f"d_{n}" in go:
                 v = go[f"d_{n}"]
                 if v[0] != "scal":
                     raise Unsupported(f"the gradient of the gate {n} is not a per-token scalar")
                 em(f"tl.store(DC + (bh * T + tok) * NC + {j}, tl.load({v[1]} + rc))")
+        for n, side in self.vecs.items():  # a channel-wise η or δ: a vector cotangent of the reverse graph, per token
+            _copy_tokens(em, side, go.get(f"d_{n}"), _tokens(f"DG_{n}", side))
         for i, wd in enumerate(self.wdims):
             _copy_weight(em, wd, self.mid[i], self.dw[i])
             if self.mom:
