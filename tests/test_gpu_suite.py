@@ -20,7 +20,9 @@ def test_gpu_suite_smoke(tmp_path, capsys):
     emitted = tmp_path / "emitted"
     assert suite.main(["--emit", str(emitted)]) == 0
     out = tmp_path / "results.md"
-    assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out)]) == 0
+    # (the default budget is sized for a lent GPU's minutes; on a shared CPU the interpreted smoke cases may take
+    # longer, and what this test checks is that every case runs)
+    assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out), "--budget-s", "3600"]) == 0
     table = out.read_text(encoding="utf-8")
     assert "FAILED" not in table and "SKIPPED" not in table, table
     for case in ("flash (triton)", "gated_deltanet: mirasc chunked (triton)", "mamba2: mirasc chunked (triton)",
