@@ -11,3 +11,10 @@ if _ROOT not in sys.path:
 import os  # noqa: E402
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Under pytest-xdist every worker is its own process on its own core: one torch thread each, so that the
+# workers do not oversubscribe the cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch  # noqa: E402
+
+    torch.set_num_threads(1)
