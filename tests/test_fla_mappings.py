@@ -291,3 +291,49 @@ def test_momentum_deltanet_with_p_equal_k():
         return o, _T(final[0])
 
     compare(ours, theirs, x)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_softmax_attention_and_grouped_queries(window):
+    """Softmax attention (full and sliding window) with grouped queries: FLA's HQ = 2H query heads share a key
+    head; the caller repeats k and v per query head. Both scale q·k by Dk^-1/2."""
+    naive = fla("attn.naive", "naive_parallel_attn")
+    x = leaves(9, q=("", (B, T, 2 * H, DK)), k=("", (B, T, H, DK)), v=("", (B, T, H, DV)))
+    memory = "nonparametric(kernel=softmax)" if window is None else f"nonparametric(kernel=softmax, window={window})"
+    mod = mirasc.compile_spec(f"model attn {{\n    memory = {memory}\n    bias = l2\n}}\n")
+
+    def ours():
+        k, v = (x[n].repeat_interleave(2, dim=2) for n in "kv")
+        return mod.apply(x["q"], k, v, {})[0], None
+
+    def theirs():
+        o = naive(x["q"], x["k"], x["v"], window_size=window)
+        return (o[0] if isinstance(o, tuple) else o), None
+
+    compare(ours, theirs, x)
+
+
+def test_gsa_is_two_chained_linear_memories():
+    """GSA (and ABC, the same recurrence with g from the slot logits): memory 1 writes the slot vector s_t along
+    k_t into M slots that decay per slot (alpha=gate(v) on W1 ∈ ℝ^{M×Dk}); its read at q (times Dk^-1/2) goes
+    through a softmax over the slots and is the query of memory 2, which writes v_t along s_t and decays per slot
+    (alpha=gate(k) on W2 ∈ ℝ^{Dv×M}). Two ops and a softmax between them: one spec cannot say it."""
+    naive = fla("gsa.naive", "naive_recurrent_gsa")
+    M = 5
+    x = leaves(10, q=("", (B, T, H, DK)), k=("", (B, T, H, DK)), v=("", (B, T, H, DV)), s=("u", (B, T, H, M)),
+               g=("u", (B, T, H, M)))
+    slots_in = mirasc.compile_spec("model w1 {\n    memory = linear\n    bias = dot\n"
+                                   "    retention = decay(alpha=gate(v))\n    learner = gd(lr=1)\n}\n")
+    slots_out = spec("gla")
+
+    def ours():
+        alpha = torch.exp(-0.5 * x["g"])
+        o1, st1 = slots_in.apply(x["q"] * DK**-0.5, x["k"], x["s"], {"alpha": alpha})
+        o2, st2 = slots_out.apply(o1.softmax(-1), x["s"], x["v"], {"alpha": alpha})
+        return o2, torch.cat([st1["W"].flatten(2), st2["W"].flatten(2)], -1)
+
+    def theirs():
+        o, (hk, hv) = naive(x["q"], x["k"], x["v"], x["s"], -0.5 * x["g"], output_final_state=True)
+        return o, torch.cat([_T(hk).flatten(2), _T(hv).flatten(2)], -1)
+
+    compare(ours, theirs, x)
