@@ -34,7 +34,7 @@ def _show(expr, latex: bool) -> str:
 _FENCE = ("\x02", "\x03")
 # Unicode in the equations -> LaTeX math
 _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha ", "η": r"\eta ", "θ": r"\theta ",
-        "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "‖": r"\|",
+        "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "Π": r"\prod ", "‖": r"\|",
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
         "×": r"\times ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
