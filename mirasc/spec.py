@@ -234,9 +234,10 @@ class Spec(BaseModel):
             # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
             family["qk_norm"] = "none"
             # A forget gate starts near 1 (σ(5) ≈ 0.993: a pair keeps half its weight for ~100 tokens), so the
-            # memory starts as plain softmax attention and learns where to forget.
+            # memory starts as plain softmax attention and learns where to forget; like FoX's f = σ(W x + b), the
+            # gate is projected at full rank (one number per head: d_model·H weights, fewer than rank 16's).
             if self.retention.kind == "decay":
-                family["alpha_bias"] = 5.0
+                family.update(alpha_bias=5.0, gate_rank=0)
         out.update({p: v for p, v in family.items() if p not in given})
         return out
 
