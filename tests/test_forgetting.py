@@ -4,7 +4,7 @@ on `memory = nonparametric(...)` (docs/semantics.md, "Decaying pairs").
 Every path against an independent float64 reference written token by token with the decayed weight of each pair
 as an explicit product Π_{s<l≤t} α_l (autograd for the gradients of q, k, v and the forget gate): the torch
 recurrent and chunked algorithms (1e-10), the flash Triton kernel under TRITON_INTERPRET=1 (fp32 1e-5, fp16
-5e-3), with a window, constant α, the additive and poly kernels; flash-linear-attention's
+5e-3, bf16 1e-2; gradients 4x), with a window, constant α, the additive and poly kernels; flash-linear-attention's
 `naive_forgetting_attn` (its g is log α); decoding (Layer.step) against forward; a cache continued across calls;
 packed sequences; α = 0; rejections."""
 
@@ -196,10 +196,11 @@ def test_matches_flash_linear_attention_naive():
 
 @pytest.mark.parametrize("memory,dtype,tol", [("kernel=softmax", torch.float32, 1e-5),
                                               ("kernel=softmax, window=7", torch.float32, 1e-5),
-                                              ("kernel=softmax", torch.float16, 5e-3)])
+                                              ("kernel=softmax", torch.float16, 5e-3),
+                                              ("kernel=softmax, window=7", torch.bfloat16, 1e-2)])
 def test_triton_matches_reference(memory, dtype, tol):
     """The flash kernel (T = 37: three 16-row tiles, the last partial), outputs and the gradients of q, k, v and
-    the forget gate (the kernel's column sums of P∘(dP − δ), through the running sum of log α)."""
+    the forget gate (the kernel's row minus column sums of P∘(dP − δ), through the running sum of log α)."""
     pytest.importorskip("triton")
     mod = mirasc.compile_spec(spec(memory))
     q, k, v, alpha = inputs(B=1, T=37, H=2, Dk=16, Dv=12, seed=3, alpha_low=0.5)

@@ -31,6 +31,8 @@ CASES = [
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
+    # the same flash kernels with the Forgetting Transformer's decay bias and forget-gate gradient
+    ("forgetting_transformer", "sm_90", 128, "bfloat16", None, set()),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
     ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
     ("sparse_lp", "sm_80", 128, "float32", "recurrent", {"_fused_recurrent_fwd"}),
