@@ -249,3 +249,36 @@ def test_wrong_gates_are_refused():
         mod.apply(q, k, v)
     with pytest.raises(ValueError, match=r"\[B, T, H\]"):
         mod.apply(q, k, v, {"alpha": alpha[..., None]})
+
+
+def test_flash_op_with_decay_compiles_without_graph_breaks():
+    """The decay input is part of the registered custom op: torch.compile(fullgraph=True) traces the forward and
+    backward (gate gradient included) without a graph break."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(FOX)
+    q, k, v, alpha = (t.float().requires_grad_() for t in inputs(B=1, T=20, Dk=8, Dv=8, seed=5))
+
+    def run(q, k, v, alpha):
+        return mod.apply(q, k, v, {"alpha": alpha}, backend="triton")[0]
+
+    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
+    o, ref = compiled(q, k, v, alpha), run(q, k, v, alpha)
+    assert rel(o, ref) < 1e-6
+    for a, b in zip(torch.autograd.grad(o.sum(), (q, k, v, alpha)), torch.autograd.grad(ref.sum(), (q, k, v, alpha))):
+        assert rel(a, b) < 1e-6
+
+
+def test_long_strongly_decaying_sequence_in_fp32():
+    """Σ log α reaches about −250 over 300 tokens: a product of the α (or a ratio of running products) underflows
+    in fp32 (0/0), the running sum of logs does not. fp32 torch and Triton against the fp64 torch path."""
+    mod = mirasc.compile_spec(FOX)
+    q, k, v, _ = inputs(B=1, T=300, H=1, Dk=16, Dv=16, seed=7)
+    alpha = 0.05 + 0.95 * torch.rand(1, 300, 1, generator=torch.Generator().manual_seed(8), dtype=D64)
+    exact, state = mod.apply(q, k, v, {"alpha": alpha})
+    assert state["log_weight"][..., 0].item() < -200  # the first pair's weight: below fp32's smallest number
+    f32 = (q.float(), k.float(), v.float())
+    o, _ = mod.apply(*f32, {"alpha": alpha.float()}, backend="torch")
+    assert torch.isfinite(o).all() and rel(o, exact) < 1e-5
+    pytest.importorskip("triton")
+    o, _ = mod.apply(*f32, {"alpha": alpha.float()}, backend="triton")
+    assert torch.isfinite(o).all() and rel(o, exact) < 1e-5
