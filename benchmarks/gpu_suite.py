@@ -32,7 +32,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
-SPECS = ["transformer", "sliding_window", "gated_deltanet", "deltanet", "mamba2", "ttt_linear", "titans"]
+SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
+         "ttt_linear", "titans"]
 
 
 def emit(out_dir: Path) -> None:
@@ -153,6 +154,21 @@ def run(args) -> list:
         timed(f"{name}: mirasc flash (triton) vs torch SDPA", lambda mod=mod: mod.apply(q, k, v, backend="triton")[0],
               rows, device, tokens, peer=sdpa, flops=flops_attention(B, H, T, D, window),
               nbytes=4 * B * T * H * D * q.element_size())
+
+    # -- the Forgetting Transformer: the same flash kernel with the decay bias, vs FLA's forgetting attention
+    q, k, v, gs = make_inputs(B, T, H, D, dtype, device, ("alpha",))
+    peer = None
+    if not smoke:
+        try:
+            from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+            def peer(q=q, k=k, v=v, gs=gs):
+                return parallel_forgetting_attn(q, k, v, g=gs["alpha"].log())
+        except ImportError:
+            pass
+    timed("forgetting_transformer: mirasc flash (triton) vs FLA parallel_forgetting_attn",
+          lambda: mods["forgetting_transformer"].apply(q, k, v, gs, backend="triton")[0], rows, device, tokens,
+          peer=peer, flops=flops_attention(B, H, T, D), nbytes=4 * B * T * H * D * q.element_size())
 
     # -- linear-memory families vs flash-linear-attention
     try:

@@ -11,7 +11,8 @@ What is held equal across rows ("equal state size" in the sense of the issue):
   reads and writes the same q, k, v ∈ R^head_dim per head; the Layer around the memory op (projections,
   short causal conv 4, ℓ2-normalised q/k, low-rank gates, per-head RMS norm, output gate — the defaults
   of every spec, none of these specs has a `layer` block; MLP memories get their family's defaults, a
-  retention-gate floor alpha_min = 0.999 and Huber δ from softplus(8), see docs/module-api.md), the SwiGLU
+  retention-gate floor alpha_min = 0.999 and Huber δ from softplus(8); the Forgetting Transformer a full-rank
+  forget gate starting at σ(5); see docs/module-api.md), the SwiGLU
   MLPs and the tied byte embeddings;
 - the training: AdamW, peak lr, warm-up + cosine schedule, gradient clipping, steps, batch size and
   the exact same stream of generated MQAR batches (same seeds), loss on the query positions only;
@@ -34,11 +35,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["linear_attention", "deltanet", "gated_deltanet", "gla", "kda", "hgrn2", "titans", "moneta", "yaad", "memora",
-         "transformer", "huber_kl_momentum", "sparse_lp", "hyperbolic_mirror", "ttt_mlp", "rwkv7", "comba"]
+         "transformer", "forgetting_transformer", "huber_kl_momentum", "sparse_lp", "hyperbolic_mirror", "ttt_mlp",
+         "rwkv7", "comba"]
 DISPLAY = {"linear_attention": "Linear attention", "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet",
            "gla": "GLA", "kda": "KDA", "rwkv7": "RWKV-7", "comba": "Comba", "hgrn2": "HGRN2-like", "ttt_mlp": "TTT-MLP",
            "titans": "Titans", "moneta": "Moneta", "yaad": "Yaad", "memora": "Memora",
-           "transformer": "Softmax attention", "huber_kl_momentum": "huber_kl_momentum (new)",
+           "transformer": "Softmax attention", "forgetting_transformer": "Forgetting Transformer (FoX)",
+           "huber_kl_momentum": "huber_kl_momentum (new)",
            "sparse_lp": "sparse_lp (new)", "hyperbolic_mirror": "hyperbolic_mirror (new)"}
 
 

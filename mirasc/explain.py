@@ -34,7 +34,7 @@ def _show(expr, latex: bool) -> str:
 _FENCE = ("\x02", "\x03")
 # Unicode in the equations -> LaTeX math
 _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha ", "η": r"\eta ", "θ": r"\theta ",
-        "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "‖": r"\|",
+        "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "Π": r"\prod ", "‖": r"\|",
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
         "×": r"\times ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
@@ -107,7 +107,7 @@ def latex_line(line: str) -> str:
 def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
-    lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory)
+    lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory, spec.retention)
     return [latex_line(line) for line in lines] if latex else lines
 
 
@@ -209,7 +209,7 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     return out
 
 
-def _nonparametric(m: S.Nonparametric) -> list[str]:
+def _nonparametric(m: S.Nonparametric, r=None) -> list[str]:
     scale = "1/√Dk" if m.scale is None else S.format_value(m.scale)
     out = []
     if m.kernel == "softmax":
@@ -237,6 +237,12 @@ def _nonparametric(m: S.Nonparametric) -> list[str]:
         if m.head_mix > 1:
             out.append(f"head mix:   a^h ← Σ_g M_hg a^g within groups of {m.head_mix} heads (learned, identity init)")
         out.append(f"read:       o_t = Σ_{{{rng}}} softmax_s(a_t·) v_s   (invisible keys masked to −∞)")
+    elif r is not None and r.kind == "decay":
+        alpha = "α_l" if r.alpha in S.GATE_FORMS else S.format_value(r.alpha)
+        out.append(f"decay:      each stored pair's weight is multiplied by α_t at every step: a_ts = Π_{{s<l≤t}} "
+                   f"{alpha} = exp(Σ_{{s<l≤t}} log {alpha})   (a_tt = 1; the Forgetting Transformer)")
+        out.append(f"read:       o_t = Σ_{{{rng}}} a_ts κ(u_t, k_s) v_s / Σ_{{{rng}}} a_ts κ(u_t, k_s)   "
+                   "(Nadaraya–Watson with decayed weights)")
     else:
         out.append(f"read:       o_t = Σ_{{{rng}}} κ(u_t, k_s) v_s / Σ_{{{rng}}} κ(u_t, k_s)   (Nadaraya–Watson)")
     if m.hops > 1:

@@ -208,7 +208,7 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
                 if hasattr(module, "WEIGHTS"):
                     o, _ = module.apply(q, k, v, gates, backend="triton", algorithm=algorithm, **kw)
                 else:  # a nonparametric memory (attention)
-                    o = module.apply(q, k, v, backend="triton")
+                    o = module.apply(q, k, v, gates, backend="triton")
                     o = o[0] if isinstance(o, tuple) else o
                 direction[0] = "bwd"
                 o.float().sum().backward()

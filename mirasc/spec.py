@@ -248,6 +248,11 @@ class Spec(BaseModel):
         if not self.parametric:
             # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
             family["qk_norm"] = "none"
+            # A forget gate starts near 1 (σ(5) ≈ 0.993: a pair keeps half its weight for ~100 tokens), so the
+            # memory starts as plain softmax attention and learns where to forget; like FoX's f = σ(W x + b), the
+            # gate is projected at full rank (one number per head: d_model·H weights, fewer than rank 16's).
+            if self.retention.kind == "decay":
+                family.update(alpha_bias=5.0, gate_rank=0)
         out.update({p: v for p, v in family.items() if p not in given})
         return out
 
@@ -408,8 +413,12 @@ def check_combination(spec: Spec) -> None:
         if b.kind != "l2":
             raise Rejection("bias", "the Nadaraya-Watson estimator is the nonparametric solution of the l2 bias; "
                             "write `bias = l2`")
-        if r.kind != "none":
-            raise Rejection("retention", "a nonparametric memory keeps every pair; write `retention = none`")
+        if r.kind not in ("none", "decay"):
+            raise Rejection("retention", f"`{r.kind}` acts on weights, and a nonparametric memory has none: it keeps "
+                            "every pair; the retention defined on stored pairs is `decay` (each pair's weight times "
+                            "α_t at every step: the Forgetting Transformer), or write `retention = none`")
+        if r.kind == "decay":
+            _check_pair_decay(spec)
         if m.kernel == "poly" and m.degree % 2:
             raise Rejection("memory", f"poly kernel of odd degree {m.degree} can be negative, and a Nadaraya-Watson "
                             "weight must be positive; use an even degree (2, 4, ...)", param="degree")
@@ -459,6 +468,26 @@ def check_combination(spec: Spec) -> None:
     _check_generalized_delta(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
+
+
+def _check_pair_decay(spec: Spec) -> None:
+    """`decay` on a nonparametric memory (docs/semantics.md, "Decaying pairs"): the weight of the pair stored at s
+    is Π_{s<l≤t} α_l when query t reads it. What has no defined meaning with it, and why."""
+    m, r = spec.memory, spec.retention
+    if r.alpha in (GATE_K, GATE_V):
+        raise Rejection("retention", f"`alpha={r.alpha}` decays key or value channels of a weight matrix; a stored "
+                        "pair has one weight per head (its kernel value), so its decay is one number per head and "
+                        "token: write `alpha=gate`", param="alpha")
+    if not m.causal:
+        raise Rejection("retention", "a decay ages each pair by the tokens stored after it; with causal=false the "
+                        "memory is another sequence that no query step passes: drop the decay or set causal=true")
+    if m.score_conv is not None or m.head_mix > 1:
+        raise Rejection("retention", "Multi-Token Attention convolves and mixes pre-softmax scores across queries, "
+                        "keys and heads; whether the decay enters before or after that is defined by neither model: "
+                        "use score_conv/head_mix without a decay, or a decay without them")
+    if m.hops > 1 or m.temporal:
+        raise Rejection("retention", "MemN2N hops and temporal encoding are not implemented with a decaying memory "
+                        "(no reference model combines them): use hops=1 and temporal=0 with a decay")
 
 
 def _check_channel_gates(spec: Spec) -> None:

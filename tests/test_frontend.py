@@ -126,8 +126,10 @@ ERRORS = [
      ["learner `nonparametric` needs `memory = nonparametric(...)`", "gd, momentum or implicit"]),
     ("nonparametric-lp", model("memory = nonparametric(kernel=softmax)", "bias = lp(p=3)"), 3, 12,
      ["Nadaraya-Watson", "`bias = l2`"]),
-    ("nonparametric-decay", model("memory = nonparametric", "retention = decay"), 3, 17,
-     ["keeps every pair", "`retention = none`"]),
+    ("nonparametric-kl", model("memory = nonparametric", "retention = kl"), 3, 17,
+     ["keeps every pair", "`decay`", "`retention = none`"]),
+    ("nonparametric-channel-decay", model("memory = nonparametric", "retention = decay(alpha=gate(k))"), 3, 23,
+     ["one number per head", "`alpha=gate`"]),
     ("nonparametric-minibatch", model("memory = nonparametric", "parallel = minibatch(4)"), 3, 16,
      ["no mini-batch form", "`parallel = exact`"]),
     # expressions

@@ -26,6 +26,13 @@ def triton_form(m: S.Nonparametric) -> tuple[bool, str]:
     return True, ""
 
 
+def _decay(r) -> str:
+    """The forget gate on stored pairs: None (no decay), 'gate' (the per-token input alpha) or a constant α."""
+    if r.kind != "decay":
+        return "None"
+    return repr(r.alpha) if r.alpha in S.GATE_FORMS else repr(float(r.alpha))
+
+
 def emit(spec: S.Spec, d: Derivation) -> str:
     m = spec.memory
     has_triton, reason = triton_form(m)
@@ -44,9 +51,10 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
         "NO_TRITON_REASON": reason.replace('"', "'"),
+        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
-    body = preprocess(TEMPLATE, {"triton": has_triton})
+    body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay"})
     if has_triton:
         body += TRITON
     for key, val in subs.items():
