@@ -75,17 +75,19 @@ def _reference(lm, path: Path, seed: int):
 
 def test_exported_model_loads_without_mirasc(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # gated DeltaNet through the CLI (fresh weights, seed 3); the weights are read back into mirasc's LM
+    # gated DeltaNet, hybrid (block 2 is sliding-window attention over 8 tokens, in hybrid_mirasc.py), through
+    # the CLI with fresh weights (seed 3); the weights are read back into mirasc's LM
     gdn = tmp_path / "gdn"
     assert cli.main(["export", str(SPECS / "gated_deltanet.miras"), "--hf", str(gdn), "--d-model", "32",
-                     "--n-layers", "2", "--n-heads", "2", "--seed", "3"]) == 0
-    assert {"config.json", "model.safetensors", "modeling_mirasc.py"} <= {p.name for p in gdn.iterdir()}
+                     "--n-layers", "2", "--n-heads", "2", "--hybrid-every", "2", "--window", "8", "--seed", "3"]) == 0
+    assert {"config.json", "model.safetensors", "modeling_mirasc.py", "hybrid_mirasc.py"} <= {
+        p.name for p in gdn.iterdir()}
     config = json.loads((gdn / "config.json").read_text())
     assert config["model_type"] == "mirasc" and config["d_model"] == 32 and "retention" in config["spec"]
     assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_mirasc.MirascForCausalLM"
     from safetensors.torch import load_file
 
-    lm = build(SPECS / "gated_deltanet.miras", LMConfig(**TINY))
+    lm = build(SPECS / "gated_deltanet.miras", LMConfig(**TINY, hybrid_every=2, window=8))
     weights = load_file(gdn / "model.safetensors")
     lm.load_state_dict({k.removeprefix("model."): v for k, v in weights.items()})
     _reference(lm, tmp_path / "gdn.pt", seed=1)
@@ -134,6 +136,13 @@ def test_register_and_checkpoint_export(tmp_path):
         stepped = model(x, use_cache=True)
         assert stepped.past_key_values.get_seq_length() == 9
         torch.testing.assert_close(stepped.logits, out.logits, rtol=1e-5, atol=1e-6)
+        # beam search reorders the state cache: the returned beam's score (sum of its tokens' log-probs,
+        # length_penalty 0) equals the score the whole-sequence forward gives that sequence
+        beam = model.generate(x[:, :5], num_beams=3, max_new_tokens=6, do_sample=False, length_penalty=0.0,
+                              return_dict_in_generate=True, output_scores=True)
+        logp = torch.log_softmax(model(beam.sequences).logits, -1)
+        rescored = logp[0, 4:-1].gather(-1, beam.sequences[0, 5:, None]).sum()
+        torch.testing.assert_close(beam.sequences_scores[0], rescored, rtol=1e-5, atol=1e-5)
 
     cfg = TrainConfig(d_model=32, n_layers=1, n_heads=2, dtype="float64")
     lm = build(spec, cfg.lm_config()).double()
