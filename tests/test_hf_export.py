@@ -165,3 +165,20 @@ def test_export_errors(tmp_path, capsys):
     assert not (tmp_path / "b").exists()
     (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
     assert cli.main(["export", "--from-checkpoint", str(tmp_path / "x.pt"), "--hf", str(tmp_path / "c")]) == 2
+
+
+def test_train_export_hf(tmp_path):
+    """`mirasc train --export-hf DIR` writes the trained model (the final checkpoint's weights)."""
+    from mirasc.train import load_model
+
+    run_dir, out = tmp_path / "run", tmp_path / "hf"
+    assert cli.main(["train", str(SPECS / "gated_deltanet.miras"), "--steps", "2", "--warmup", "0", "--out-dir",
+                     str(run_dir), "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16",
+                     "--batch-size", "2", "--max-bytes", "50000", "--eval-windows", "2", "--no-progress",
+                     "--export-hf", str(out)]) == 0
+    _, model_cls = hf.classes()
+    exported = model_cls.from_pretrained(out).eval()
+    trained = load_model(run_dir / "checkpoint.pt").eval()
+    x = torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(exported(x).logits, trained(x))
