@@ -1,4 +1,4 @@
-"""Command line: `mirasc compile | check | explain | demo | train | explore | kernels`, one subparser each.
+"""Command line: `mirasc compile | check | explain | demo | train | explore | export | kernels`, one subparser each.
 Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted;
 `kernels`: 3 when a kernel does not fit its target.
 
@@ -7,6 +7,7 @@ Only the handlers import torch (and through it triton), so `mirasc --help` and `
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -72,13 +73,19 @@ def cmd_compile(args) -> int:
 
 def _model_source() -> str:
     """mirasc.models' standalone part and a make_model() factory, appended to an emitted module."""
+    factory = (Path(__file__).parent / "codegen" / "templates" / "model_factory.py.tmpl").read_text(encoding="utf-8")
+    return standalone_lm_source() + factory
+
+
+def standalone_lm_source() -> str:
+    """mirasc.models' standalone part (LMConfig, RMSNorm, SwiGLU, Block, LanguageModel), to append to an
+    emitted module (its Layer is the mixer)."""
     text = (Path(__file__).parent / "models.py").read_text(encoding="utf-8")
     body = text.split("# ---- standalone: begin")[1].split("# ---- standalone: end")[0].split("\n", 1)[1]
-    factory = (Path(__file__).parent / "codegen" / "templates" / "model_factory.py.tmpl").read_text(encoding="utf-8")
     rule = "# " + "-" * 94
     return (f"\n\n{rule}\n# Language model (mirasc.models): RMSNorm, mixer = the Layer above, SwiGLU MLP, tied "
             f"byte embeddings.\n{rule}\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n"
-            f"{body.rstrip()}\n{factory}")
+            f"{body.rstrip()}\n")
 
 
 def cmd_check(args) -> int:
@@ -222,6 +229,41 @@ def _describe_state(state) -> str:
     return ", ".join(parts)
 
 
+def cmd_export(args) -> int:
+    """`mirasc export SPEC --hf DIR` (fresh weights) or `mirasc export --from-checkpoint CKPT --hf DIR`."""
+    if (args.spec is None) == (args.from_checkpoint is None):
+        print("mirasc export: give a SPEC or --from-checkpoint CKPT (one of the two)", file=sys.stderr)
+        return 2
+    try:
+        import transformers  # noqa: F401
+
+        from . import hf
+    except ImportError as err:
+        print(f"mirasc export: needs the hf extra (pip install 'mirasc[hf]'): {err}", file=sys.stderr)
+        return 2
+    if args.from_checkpoint is not None:
+        try:
+            out = hf.export_checkpoint(args.from_checkpoint, args.hf)
+        except (OSError, ValueError) as err:
+            print(f"mirasc export: {err}", file=sys.stderr)
+            return 2
+        print(f"wrote {out} (Hugging Face model, weights of {args.from_checkpoint})")
+        return 0
+    from .train_config import config_from
+
+    try:
+        cfg = config_from(overrides={k: getattr(args, k) for k in
+                                     ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window",
+                                      "layer_options", "dtype")})
+        out = hf.export(args.spec, args.hf, cfg.lm_config(),
+                        seed=args.seed, dtype=cfg.dtype)
+    except (TypeError, ValueError) as err:  # sizes or Layer options the model rejects
+        print(f"mirasc export: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} (Hugging Face model, fresh weights, seed {args.seed})")
+    return 0
+
+
 def cmd_train(args) -> int:
     from . import train
 
@@ -255,6 +297,24 @@ def main(argv=None) -> int:
     p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
     train_config.add_arguments(p)
     p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("export", help="write a Hugging Face transformers model folder (needs the hf extra)",
+                       description="Write DIR: config.json (spec text, sizes, auto_map), modeling_mirasc.py "
+                       "(the emitted module, the LM and its transformers wrapper; no mirasc needed to load it) "
+                       "and model.safetensors. Load it with AutoModelForCausalLM.from_pretrained(DIR, "
+                       "trust_remote_code=True).")
+    p.add_argument("spec", nargs="?", default=None, help="a .miras file (omit with --from-checkpoint)")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--from-checkpoint", metavar="CKPT", default=None,
+                   help="a mirasc train checkpoint (or run directory): its spec, sizes and trained weights")
+    for name, kind, default in (("d_model", int, 128), ("n_layers", int, 2), ("n_heads", int, 2),
+                                ("mlp_hidden", int, 0), ("hybrid_every", int, 0), ("window", int, 256)):
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                       help=f"[{default}] as in mirasc train")
+    p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
+                   help="JSON object of Layer options, as in mirasc train")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights dtype [float32]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
     p.add_argument("--batch", type=int, default=2)

@@ -59,9 +59,21 @@ def run(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
     from mirasc.frontend import SpecError
 
+    export_hf = getattr(args, "export_hf", None)
+    if export_hf:
+        try:  # before training: a missing extra should not surface after a long run
+            import transformers  # noqa: F401
+        except ImportError as err:
+            print(f"mirasc train: --export-hf needs the hf extra (pip install 'mirasc[hf]'): {err}", file=sys.stderr)
+            return 2
     try:
-        train(args.spec, config_file=args.config, overrides=overrides, resume=args.resume, metrics=args.metrics,
-              stop_at=args.stop_at)
+        summary = train(args.spec, config_file=args.config, overrides=overrides, resume=args.resume,
+                        metrics=args.metrics, stop_at=args.stop_at)
+        if export_hf and int(os.environ.get("RANK", "0")) == 0:  # the checkpoint is complete on disk by now
+            from mirasc import hf
+
+            out = hf.export_checkpoint(summary["checkpoint"], export_hf)
+            print(f"wrote {out} (Hugging Face model of step {summary['step']})", flush=True)
     except (SpecError, ValueError, OSError) as e:  # usage errors (bad spec, config, data, resume path)
         print(f"mirasc train: error: {e}", file=sys.stderr)
         return 2

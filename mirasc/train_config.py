@@ -124,6 +124,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--resume", nargs="?", const="auto", default=None, metavar="CKPT",
                         help=f"resume from CKPT (default: OUT_DIR/{CHECKPOINT}; starts fresh if it does not exist)")
     parser.add_argument("--metrics", metavar="FILE", help=f"JSONL metrics file (default: OUT_DIR/{METRICS})")
+    parser.add_argument("--export-hf", metavar="DIR", default=None,
+                        help="after training, export the final checkpoint as a Hugging Face model folder "
+                        "(mirasc export --from-checkpoint; needs the hf extra)")
     parser.add_argument("--stop-at", type=int, metavar="STEP",
                         help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
     group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
