@@ -71,11 +71,11 @@ def test_alpha_bias_sets_the_initial_decay():
 
 
 def test_alpha_spread_gives_each_key_channel_its_timescale():
-    """layer { alpha_spread = 4 } on a channel-wise α (KDA) starts channel j of every head at σ(3 + 4·j/(D−1)):
-    from 0.95 up to 0.999; a per-head α ignores the option."""
+    """layer { alpha_spread = 4 } (specs/kda.miras) on a channel-wise α starts channel j of every head at
+    σ(3 + 4·j/(D−1)): from 0.95 up to 0.999; a per-head α ignores the option."""
     root = Path(__file__).resolve().parents[1] / "specs"
     spread = "parallel  = exact\n    layer { alpha_spread = 4 }"
-    mod = mirasc.compile_spec((root / "kda.miras").read_text().replace("parallel  = exact", spread))
+    mod = mirasc.compile_spec(root / "kda.miras")
     assert mod.LAYER_DEFAULTS["alpha_spread"] == 4.0
     torch.manual_seed(0)
     layer = mod.Layer(16, 2)
