@@ -201,8 +201,9 @@ def _check_vs_float64(mod, dims, T=40):
 # V tiles (issue 10): where every value row of a linear memory updates on its own, the recurrent kernels
 # run on a grid (cdiv(Dv, BV), B·H) and each program owns BV rows of the state; dq, dk and the gates'
 # gradients are per-tile partial sums. The interpreter uses BV = 4 (16 with batched factors, for tl.dot).
-V_TILED = ["custom_cauchy", "deltanet", "gated_deltanet", "gla", "hgrn2", "hyperbolic_mirror", "kda",
-           "linear_attention", "longhorn", "mamba2", "retnet", "sparse_lp", "ttt_linear"]
+# (comba, rwkv7: the generalized delta transition W(diag(w) − a bᵀ) + v kᵀ acts on each row of W on its own)
+V_TILED = ["comba", "custom_cauchy", "deltanet", "gated_deltanet", "gla", "hgrn2", "hyperbolic_mirror", "kda",
+           "linear_attention", "longhorn", "mamba2", "retnet", "rwkv7", "sparse_lp", "ttt_linear"]
 
 
 def test_v_tiles_cover_the_row_separable_specs():
