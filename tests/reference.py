@@ -354,6 +354,12 @@ def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, c
 # retention read-outs
 
 
+def rel(a: Tensor, b: Tensor) -> float:
+    """Relative error ‖a − b‖ / ‖b‖ in float64 (the tests' measure against this reference)."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
 def lq_readout(A: Tensor, q: float) -> Tensor:
     """W = A / ||A||_q^{q-2}, entrywise q-norm over each (b,h) matrix."""
     norm = (A.abs() ** q).sum((-2, -1), keepdim=True) ** (1.0 / q)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import rel
 
 import mirasc
 
@@ -60,11 +61,6 @@ def leaves(seed: int, **shapes):
             x = torch.rand(shape, generator=gen, dtype=torch.float64)
         out[name] = x.float().requires_grad_(True)
     return out
-
-
-def rel(a, b) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def compare(ours, theirs, x: dict, seed: int = 0):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from reference import rel
 
 import mirasc
 
@@ -25,10 +26,6 @@ D64 = torch.float64
 
 def spec(memory="kernel=softmax", alpha="gate"):
     return f"model f {{ memory = nonparametric({memory})\n bias = l2\n retention = decay(alpha={alpha}) }}"
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def inputs(B=2, T=23, H=2, Dk=8, Dv=6, seed=0, alpha_low=0.6):

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import make_inputs, make_state, reference_apply
+from reference import make_inputs, make_state, reference_apply, rel
 
 mirasc = pytest.importorskip("mirasc")
 
@@ -61,11 +61,6 @@ CASES = {
 def module(name: str):
     return mirasc.compile_spec(f"model gd_{name.replace('-', '_').replace('(', '').replace(')', '')} "
                                f"{{ {CASES[name][0]} }}")
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 def _split(gates):

@@ -19,7 +19,7 @@ import functools
 
 import pytest
 import torch
-from reference import make_inputs, make_state, reference_apply
+from reference import make_inputs, make_state, reference_apply, rel
 
 import mirasc
 
@@ -94,11 +94,6 @@ CASES = {
                                parallel=8, readout="chunk", gate_ranges=dict(delta=(0.2, 1.0)))),
 }
 CHUNK_READOUT = {name for name, (_, cfg) in CASES.items() if cfg.get("readout") == "chunk"}
-
-
-def rel(a, b) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
 @functools.cache
