@@ -131,3 +131,32 @@ def test_layer_float32_chunked_matches_recurrent():
     x = torch.randn(2, 70, 32)
     a, b = fast(x), slow(x)
     assert ((a - b).norm() / b.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("retention", ["kl(c=2, alpha=gate)", "bregman(phi=w*log(w))"])
+def test_positive_initial_weights_are_learned_through_their_logits(retention):
+    """Retentions that need W > 0 (kl's simplex rows, a potential defined on w > 0) still learn the memory's initial
+    weights: the Layer keeps their logits, starts exactly at init_state's weights, and every update keeps W > 0
+    (and kl's rows at sum c)."""
+    mod = mirasc.compile_spec(f"""model m {{
+        memory = mlp(depth=2, expansion=2, act=gelu, residual=true, norm=layernorm)
+        bias = l2
+        retention = {retention}
+        learner = gd(lr=gate)
+    }}""")
+    torch.manual_seed(0)
+    layer = mod.Layer(16, 2).double()
+    start = mod.init_state(1, 2, 8, 8, dtype=torch.float64)
+    for name, w in layer._state(1, torch.float64).items():
+        assert ((w - start[name]).norm() / start[name].norm()).item() < 1e-6, name
+    assert all(p.requires_grad for p in layer.initial.values())
+    opt = torch.optim.SGD(layer.initial.parameters(), lr=10.0)
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    layer(x).square().sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layer.initial.values())
+    opt.step()
+    for name, w in layer._state(1, torch.float64).items():
+        assert (w > 0).all(), name
+        assert ((w - start[name]).norm() / start[name].norm()).item() > 1e-3, name  # it moved
+        if retention.startswith("kl"):
+            assert torch.allclose(w.sum(-1), torch.full_like(w.sum(-1), 2.0)), name

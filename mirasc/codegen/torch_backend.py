@@ -24,7 +24,9 @@ LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
 
 def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     """The Layer class shared by every emitted module (it only calls the module's own functions)."""
-    positive = d.positive_domain  # kl, or a Bregman potential defined on w > 0
+    # how the Layer keeps learned initial weights positive: kl's rows c·softmax(logits), a Bregman potential on w > 0
+    # exp(log-weights); None where the weights may take any sign
+    positive = ("softmax" if spec.retention.kind == "kl" else "exp") if d.positive_domain else None
     defaults = spec.layer_defaults()  # the layer block over the family defaults (MLP memories, attention)
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
