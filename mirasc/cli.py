@@ -249,15 +249,19 @@ def cmd_export(args) -> int:
             return 2
         print(f"wrote {out} (Hugging Face model, weights of {args.from_checkpoint})")
         return 0
+    from .tokenizer import load_tokenizer
     from .train_config import config_from
 
     try:
+        tokenizer = load_tokenizer(args.tokenizer)
         cfg = config_from(overrides={k: getattr(args, k) for k in
                                      ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window",
-                                      "layer_options", "dtype")})
-        out = hf.export(args.spec, args.hf, cfg.lm_config(),
-                        seed=args.seed, dtype=cfg.dtype)
-    except (TypeError, ValueError) as err:  # sizes or Layer options the model rejects
+                                      "layer_options", "dtype", "vocab_size")})
+        lm_config = cfg.lm_config()
+        lm_config.vocab_size = cfg.vocab_size or tokenizer.vocab_size
+        out = hf.export(args.spec, args.hf, lm_config, seed=args.seed, dtype=cfg.dtype,
+                        tokenizer_files=tokenizer.files())
+    except (TypeError, ValueError, OSError) as err:  # sizes, Layer options or a tokenizer the model rejects
         print(f"mirasc export: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out} (Hugging Face model, fresh weights, seed {args.seed})")
@@ -313,6 +317,10 @@ def main(argv=None) -> int:
     p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
                    help="JSON object of Layer options, as in mirasc train")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights dtype [float32]")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizer (tokenizer.json or a tokenizer folder) to export with the model; the "
+                   "vocabulary follows it [bytes]")
+    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary [the tokenizer's; 256 for bytes]")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
     p.set_defaults(fn=cmd_export)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
