@@ -1,4 +1,5 @@
-"""Command line: `mirasc compile | check | explain | demo | train | explore | export | kernels`, one subparser each.
+"""Command line: `mirasc compile | check | explain | demo | train | explore | export | eval | kernels`, one
+subparser each.
 Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted;
 `kernels`: 3 when a kernel does not fit its target.
 
@@ -268,6 +269,30 @@ def cmd_export(args) -> int:
     return 0
 
 
+EVAL_HELP = """\
+Run lm-eval (0.4.x) on a model folder written by `mirasc export --hf` or `mirasc train --export-hf`, on
+tasks written from local data into --task-dir (lm-eval task YAML over JSONL files; nothing is downloaded):
+
+  ppl    perplexity (word, byte, bits per byte) of held-out documents of --data
+  cloze  the last word of held-out documents of --data (acc: greedy; perplexity)
+  mqar   multi-query associative recall (mirasc.tasks' generator, token i = chr(33 + i)); acc
+  niah   single needle in a haystack (mirasc.tasks' S-NIAH text); acc on the whole answer
+
+Writes lm-eval's results JSON (--output) and prints the equivalent `lm-eval run` command."""
+
+
+def _eval_arguments(p):
+    from .evaluation import add_arguments  # no torch or lm-eval import at parse time
+
+    add_arguments(p)
+
+
+def cmd_eval(args) -> int:
+    from . import evaluation
+
+    return evaluation.run(args)
+
+
 def cmd_train(args) -> int:
     from . import train
 
@@ -323,6 +348,10 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary [the tokenizer's; 256 for bytes]")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("eval", help="run lm-eval on an exported model with local tasks (needs the eval extra)",
+                       description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _eval_arguments(p)
+    p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
     p.add_argument("--batch", type=int, default=2)
