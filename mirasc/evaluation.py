@@ -287,6 +287,9 @@ def run(args) -> int:
         if not (model / "config.json").is_file():
             raise FileNotFoundError(f"{model}: no config.json (export a model with mirasc export --hf or "
                                     "mirasc train --export-hf)")
+        if not any((model / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+            raise FileNotFoundError(f"{model}: no tokenizer beside the model (lm-eval reads text); export it again "
+                                    "with this mirasc (exports carry their tokenizer, bytes included)")
         names = write_tasks(task_dir, tasks, data=args.data, data_format=args.data_format, text_field=args.text_field,
                             val_fraction=args.val_fraction, data_split=args.data_split, examples=args.examples,
                             seed=args.seed, mqar_seq_len=args.mqar_seq_len, mqar_kv_pairs=args.mqar_kv_pairs,

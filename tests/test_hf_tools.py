@@ -253,6 +253,9 @@ def test_eval_errors(tmp_path, capsys):
     assert cli.main(["eval", str(tmp_path), "--tasks", "mqar"]) == 2
     assert "no config.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text("{}")
+    assert cli.main(["eval", str(tmp_path), "--tasks", "mqar"]) == 2
+    assert "no tokenizer beside the model" in capsys.readouterr().err
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
     assert cli.main(["eval", str(tmp_path), "--tasks", "ppl"]) == 2
     assert "give --data" in capsys.readouterr().err
     assert cli.main(["eval", str(tmp_path), "--tasks", "mmlu"]) == 2
