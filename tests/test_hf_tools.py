@@ -295,7 +295,7 @@ def test_transformers_trainer_ddp_two_processes(tmp_path):
     before = load_file(model_dir / "model.safetensors")
     after = load_file(out / "model.safetensors")
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
-    assert (out / "tokenizer.json").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "modeling_mirasc.py").is_file()
     with torch.no_grad():
         assert trained(torch.tensor([list(b"the cat")])).logits.shape == (1, 7, 256)
     print(f"torchrun x2 with the Trainer: {elapsed:.1f} s")
