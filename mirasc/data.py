@@ -176,12 +176,17 @@ def _parquet_records(root: Path, text_field: str) -> dict[str, bytes]:
     files = [root.name] if root.is_file() else _walk(root, lambda f: f.lower().endswith(".parquet"))
     base = root.parent if root.is_file() else root
     records = {}
+    import pyarrow as pa
+
     for rel in files:
-        schema = pq.read_schema(base / rel)
-        if text_field not in schema.names:
-            raise ValueError(f"{base / rel}: no column {text_field!r} (columns: {schema.names}); name the text "
-                             "column with --text-field")
-        column = pq.read_table(base / rel, columns=[text_field]).column(text_field).to_pylist()
+        try:
+            schema = pq.read_schema(base / rel)
+            if text_field not in schema.names:
+                raise ValueError(f"{base / rel}: no column {text_field!r} (columns: {schema.names}); name the "
+                                 "text column with --text-field")
+            column = pq.read_table(base / rel, columns=[text_field]).column(text_field).to_pylist()
+        except pa.ArrowException as err:
+            raise ValueError(f"{base / rel}: not a readable Parquet file ({err})") from None
         for i, value in enumerate(column):
             blob = _record_text(value, f"{base / rel} row {i}", text_field)
             if blob is not None:

@@ -238,6 +238,27 @@ def load_checkpoint_into(ckpt: dict, model, optimizer):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+def _run_tokenizer(cfg: TrainConfig, ckpt: dict | None):
+    """The run's tokenizer: cfg.tokenizer, or on resume the checkpoint's own copy (its files may have moved
+    since). Resuming with another tokenizer than the checkpoint's is refused."""
+    from mirasc.tokenizer import load_tokenizer, tokenizer_from_files
+
+    saved = ckpt.get("tokenizer") if ckpt is not None else None
+    if saved and cfg.tokenizer == ckpt["config"].get("tokenizer"):
+        return tokenizer_from_files(saved)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    if ckpt is not None:
+        theirs = tokenizer_from_files(saved) if saved else None
+        same = (theirs is None and tokenizer.kind == "bytes") or (
+            theirs is not None and tokenizer.kind == "tokens" and theirs.separator == tokenizer.separator
+            and theirs.tok.get_vocab() == tokenizer.tok.get_vocab())
+        if not same:
+            was = "bytes" if theirs is None else f"a tokenizer of {theirs.vocab_size} tokens"
+            raise ValueError(f"--tokenizer {cfg.tokenizer or 'bytes'}: the checkpoint was trained on {was}; resume "
+                             "with the same tokenizer (or leave --tokenizer out to use the checkpoint's copy)")
+    return tokenizer
+
+
 # TrainConfig fields that decide the model's parameters (and so the checkpoint's tensors)
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
 
@@ -392,7 +413,6 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
 def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at):
     from mirasc.data import BatchSampler, load_corpus
     from mirasc.models import build
-    from mirasc.tokenizer import load_tokenizer
 
     dtype = getattr(torch, cfg.dtype)
     bf16 = cfg.bf16
@@ -408,9 +428,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
             return contextlib.nullcontext()
         return torch.autocast(env.device.type, dtype=torch.bfloat16)
 
-    tokenizer = load_tokenizer(cfg.tokenizer)
-    if ckpt is not None and ckpt.get("tokenizer") and tokenizer.files() != ckpt["tokenizer"]:
-        raise ValueError(f"--tokenizer {cfg.tokenizer}: not the tokenizer the checkpoint was trained with")
+    tokenizer = _run_tokenizer(cfg, ckpt)
     if cfg.vocab_size is None:  # the LM's vocabulary follows the tokenizer (recorded in checkpoints)
         cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
     elif cfg.vocab_size < tokenizer.vocab_size:

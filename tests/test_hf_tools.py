@@ -117,6 +117,9 @@ def test_local_formats_split_and_tokenize(corpus, tmp_path):
         mdata.load_corpus(bad)
     with pytest.raises(ValueError, match="no column 'body'"):
         mdata.load_corpus(corpus["parquet"], text_field="body")
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match="not a readable Parquet file"):
+        mdata.load_corpus(tmp_path / "broken.parquet")
     with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
         load_tokenizer(tmp_path / "gpt2")
 
@@ -174,17 +177,24 @@ def test_train_with_local_tokenizer_jsonl_and_parquet(corpus, trained, tmp_path)
         torch.testing.assert_close(exported(ids).logits, load_model(trained["run"] / "checkpoint.pt")(ids),
                                    rtol=0, atol=0)
 
-    # Parquet, same tokenizer, a fresh run (checkpoint only: the export path is covered above)
-    run = tmp_path / "parquet"
-    assert cli.main(["train", SPEC, "--data", str(corpus["parquet"]), "--tokenizer", str(corpus["tokenizer"]),
+    # Parquet, the same tokenizer (a copy), a fresh run (checkpoint only: the export is covered above)
+    run, tok_copy = tmp_path / "parquet", tmp_path / "tok.json"
+    tok_copy.write_bytes(corpus["tokenizer"].read_bytes())
+    assert cli.main(["train", SPEC, "--data", str(corpus["parquet"]), "--tokenizer", str(tok_copy),
                      "--steps", "20", "--out-dir", str(run), *TINY]) == 0
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert recs[0]["config"]["data"] == str(corpus["parquet"]) and recs[0]["unit"] == "tokens"
     _loss_falls(recs, 0.7)
-    # resuming with another tokenizer is refused
+    # resuming with another tokenizer is refused; without --tokenizer the checkpoint's copy is used, so the
+    # run continues after the original file is gone
     (tmp_path / "bytes.json").write_text(byte_tokenizer_json())
-    assert cli.main(["train", SPEC, "--data", str(corpus["parquet"]), "--tokenizer", str(tmp_path / "bytes.json"),
-                     "--steps", "25", "--out-dir", str(run), "--resume", *TINY]) == 2
+    resume = ["train", SPEC, "--data", str(corpus["parquet"]), "--steps", "22", "--out-dir", str(run), "--resume",
+              *TINY]
+    assert cli.main([*resume, "--tokenizer", str(tmp_path / "bytes.json")]) == 2
+    tok_copy.unlink()
+    assert cli.main(resume) == 0
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recs[-1]["kind"] == "final" and recs[-1]["step"] == 22
 
 
 # -- lm-eval -----------------------------------------------------------------------------------------------
