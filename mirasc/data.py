@@ -115,8 +115,9 @@ def _detect(path: Path) -> str:
             return "parquet"
         raise ValueError(f"--data {path}: a single file must be .jsonl, .json or .parquet (a text corpus is a "
                          "folder of text files: the train/validation split is by file)")
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        return "datasets"  # written by datasets' save_to_disk
+    if (path / "dataset_dict.json").is_file() or ((path / "state.json").is_file()
+                                                   and (path / "dataset_info.json").is_file()):
+        return "datasets"  # written by datasets' save_to_disk (a DatasetDict, or a Dataset)
     texts = text_files(path)
     if _walk(path, lambda f: f.lower().endswith(".parquet")) and not texts:
         return "parquet"

@@ -92,7 +92,8 @@ def heldout_documents(data, data_format: str = "auto", text_field: str = "text",
 
     docs = find_documents(data, data_format, text_field)
     ids = docs.ids if split == "all" else split_documents(docs, val_fraction)[1]
-    return [docs.read(i).decode("utf-8", errors="replace") for i in ids]
+    texts = (docs.read(i).decode("utf-8", errors="replace") for i in ids)
+    return [t for t in texts if t.strip()]  # an empty document has no likelihood to measure
 
 
 def cloze_rows(documents: list[str], max_chars: int = 2000) -> list[dict]:
