@@ -199,9 +199,9 @@ def command_line(model_dir, task_dir, names, output, device: str, batch_size: in
 
 def _offline():
     """Switch the Hub, transformers and datasets offline, also where they were imported already."""
-    from .tokenizer import _no_network
+    from .tokenizer import offline
 
-    _no_network()
+    offline()
     for module, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_DATASETS_OFFLINE"),
                          ("datasets.config", "HF_HUB_OFFLINE")):
         mod = sys.modules.get(module)

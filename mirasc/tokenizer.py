@@ -28,7 +28,7 @@ EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[EOS]", "<|eo
 HF_EXTRA = "pip install 'mirasc[hf]'"
 
 
-def _no_network():
+def offline():
     """Make every Hugging Face library that is imported after this refuse the network (the Hub's offline
     switches); explicit local_files_only arguments cover those already imported."""
     os.environ["HF_HUB_OFFLINE"] = "1"
@@ -84,7 +84,7 @@ class HFTokenizer:
 
 
 def _import_transformers():
-    _no_network()
+    offline()
     try:
         import transformers
     except ImportError as err:
