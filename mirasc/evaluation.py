@@ -18,8 +18,9 @@ by `datasets` from the disk) into a task folder, so the same folder works with l
   acc: the whole answer is the greedy continuation.
 
 Synthetic data is generated with a fixed seed (`--seed`), so the files are the same on every run. Nothing
-is downloaded: the Hub and datasets are switched offline before lm-eval is imported, the model is read with
-`local_files_only`, and the datasets cache lives in the task folder.
+is downloaded: the Hub, transformers and datasets are switched offline before lm-eval is imported (and in
+their already-imported modules), the model and the data are local paths, and the datasets cache lives in
+the task folder. tests/test_hf_tools.py runs it with every network connection refused.
 """
 
 from __future__ import annotations
