@@ -177,6 +177,13 @@ def test_train_with_local_tokenizer_jsonl_and_parquet(corpus, trained, tmp_path)
         torch.testing.assert_close(exported(ids).logits, load_model(trained["run"] / "checkpoint.pt")(ids),
                                    rtol=0, atol=0)
 
+    # fresh weights exported with a tokenizer: the vocabulary follows it, the folder carries it
+    fresh = tmp_path / "fresh"
+    assert cli.main(["export", SPEC, "--hf", str(fresh), "--tokenizer", str(corpus["tokenizer"]), "--d-model", "16",
+                     "--n-layers", "1", "--n-heads", "2"]) == 0
+    assert json.loads((fresh / "config.json").read_text())["vocab_size"] == 300
+    assert len(AutoTokenizer.from_pretrained(fresh, local_files_only=True, trust_remote_code=True)) == 300
+
     # Parquet, the same tokenizer (a copy), a fresh run (checkpoint only: the export is covered above)
     run, tok_copy = tmp_path / "parquet", tmp_path / "tok.json"
     tok_copy.write_bytes(corpus["tokenizer"].read_bytes())
