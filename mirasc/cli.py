@@ -1,4 +1,5 @@
-"""Command line: `mirasc compile | check | explain | demo | train | explore | export | kernels`, one subparser each.
+"""Command line: `mirasc compile | check | explain | demo | train | explore | export | eval | kernels`, one
+subparser each.
 Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted;
 `kernels`: 3 when a kernel does not fit its target.
 
@@ -249,19 +250,47 @@ def cmd_export(args) -> int:
             return 2
         print(f"wrote {out} (Hugging Face model, weights of {args.from_checkpoint})")
         return 0
+    from .tokenizer import load_tokenizer
     from .train_config import config_from
 
     try:
+        tokenizer = load_tokenizer(args.tokenizer)
         cfg = config_from(overrides={k: getattr(args, k) for k in
                                      ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window",
-                                      "layer_options", "dtype")})
-        out = hf.export(args.spec, args.hf, cfg.lm_config(),
-                        seed=args.seed, dtype=cfg.dtype)
-    except (TypeError, ValueError) as err:  # sizes or Layer options the model rejects
+                                      "layer_options", "dtype", "vocab_size")})
+        lm_config = cfg.lm_config()
+        lm_config.vocab_size = cfg.vocab_size or tokenizer.vocab_size
+        out = hf.export(args.spec, args.hf, lm_config, seed=args.seed, dtype=cfg.dtype,
+                        tokenizer_files=tokenizer.files())
+    except (TypeError, ValueError, OSError) as err:  # sizes, Layer options or a tokenizer the model rejects
         print(f"mirasc export: {err}", file=sys.stderr)
         return 2
     print(f"wrote {out} (Hugging Face model, fresh weights, seed {args.seed})")
     return 0
+
+
+EVAL_HELP = """\
+Run lm-eval (0.4.x) on a model folder written by `mirasc export --hf` or `mirasc train --export-hf`, on
+tasks written from local data into --task-dir (lm-eval task YAML over JSONL files; nothing is downloaded):
+
+  ppl    perplexity (word, byte, bits per byte) of held-out documents of --data
+  cloze  the last word of held-out documents of --data (acc: greedy; perplexity)
+  mqar   multi-query associative recall (mirasc.tasks' generator, token i = chr(33 + i)); acc
+  niah   single needle in a haystack (mirasc.tasks' S-NIAH text); acc on the whole answer
+
+Writes lm-eval's results JSON (--output) and prints the equivalent `lm-eval run` command."""
+
+
+def _eval_arguments(p):
+    from .evaluation import add_arguments  # no torch or lm-eval import at parse time
+
+    add_arguments(p)
+
+
+def cmd_eval(args) -> int:
+    from . import evaluation
+
+    return evaluation.run(args)
 
 
 def cmd_train(args) -> int:
@@ -313,8 +342,16 @@ def main(argv=None) -> int:
     p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
                    help="JSON object of Layer options, as in mirasc train")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights dtype [float32]")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizer (tokenizer.json or a tokenizer folder) to export with the model; the "
+                   "vocabulary follows it [bytes]")
+    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary [the tokenizer's; 256 for bytes]")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
     p.set_defaults(fn=cmd_export)
+    p = sub.add_parser("eval", help="run lm-eval on an exported model with local tasks (needs the eval extra)",
+                       description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _eval_arguments(p)
+    p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
     p.add_argument("--batch", type=int, default=2)

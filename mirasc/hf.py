@@ -4,8 +4,9 @@
 `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)` where only torch and transformers
 are installed: config.json (the spec text, the LM sizes, auto_map), modeling_mirasc.py (the emitted
 memory module, mirasc.models' standalone LanguageModel, and the wrapper in
-codegen/templates/hf_model.py.tmpl) and model.safetensors. A hybrid stack (hybrid_every > 0) adds
-hybrid_mirasc.py, the compiled sliding-window attention module, imported by modeling_mirasc.py.
+codegen/templates/hf_model.py.tmpl), model.safetensors, and the tokenizer (tokenizer.json and
+tokenizer_config.json: the one `mirasc train --tokenizer` used, else the byte tokenizer). A hybrid stack
+(hybrid_every > 0) adds hybrid_mirasc.py, the compiled sliding-window attention module, imported by modeling_mirasc.py.
 
 `register()` makes the same wrapper, built in-process through mirasc, known to AutoConfig and
 AutoModelForCausalLM (model_type "mirasc"). Only this module imports transformers; the compiler does not.
@@ -101,26 +102,44 @@ def _indent(text: str) -> str:
     return "\n".join(("    " + line) if line.strip() else "" for line in text.splitlines())
 
 
-def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype: str = "float32") -> Path:
+def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype: str = "float32",
+           tokenizer_files: dict | None = None) -> Path:
     """Write the Hugging Face model folder of `spec` (path or text) at `out_dir`. lm_config: a
     mirasc.models.LMConfig (default LMConfig()); state_dict: the LanguageModel's weights (e.g. a
     `mirasc train` checkpoint's "model"), else a fresh initialisation seeded with `seed`; dtype: of the
-    saved weights (float32 or float64)."""
+    saved weights (float32 or float64).
+
+    tokenizer_files: the tokenizer the model reads ({file name: bytes}, mirasc.tokenizer's `files()`),
+    written beside the model so that AutoTokenizer.from_pretrained(out_dir) loads it; without one, a
+    byte-level model (vocab_size 256) gets the byte tokenizer (ids = UTF-8 bytes). config.json records
+    `document_separator`, the tokens the training corpus put between documents (lm-eval's prefix token
+    for perplexities is its last one)."""
     import dataclasses
 
     import torch
 
     from . import frontend
+    from . import tokenizer as T
     from .compiler import compile_text
     from .models import LMConfig, sliding_window_spec
 
     text, path = frontend.read_spec(spec)
     compile_text(text, path)  # a bad spec is reported here, located, before anything is written
     cfg = lm_config or LMConfig()
+    if tokenizer_files is None and cfg.vocab_size == T.ByteTokenizer.vocab_size:
+        tokenizer_files = T.byte_tokenizer_files()
+    separator = None
+    if tokenizer_files is not None:
+        tok = T.tokenizer_from_files(tokenizer_files)
+        if tok.vocab_size > cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary is "
+                             f"{cfg.vocab_size}")
+        separator = tok.separator
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_cls, model_cls = classes()
-    config = config_cls(spec=text, **dataclasses.asdict(cfg), architectures=["MirascForCausalLM"],
+    extra = {"document_separator": list(separator)} if separator is not None else {}
+    config = config_cls(spec=text, **dataclasses.asdict(cfg), **extra, architectures=["MirascForCausalLM"],
                         auto_map={"AutoConfig": "modeling_mirasc.MirascConfig",
                                   "AutoModelForCausalLM": "modeling_mirasc.MirascForCausalLM"})
     torch.manual_seed(seed)
@@ -128,6 +147,8 @@ def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype:
     if state_dict is not None:
         model.model.load_state_dict(state_dict)
     model.save_pretrained(out, safe_serialization=True)
+    if tokenizer_files is not None:
+        T.write_files(tokenizer_files, out)
     (out / MODELING).write_text(modeling_source(text, path, hybrid=bool(cfg.hybrid_every)), encoding="utf-8")
     if cfg.hybrid_every:
         (out / HYBRID).write_text(compile_text(sliding_window_spec(cfg.window)).source, encoding="utf-8")
@@ -150,4 +171,5 @@ def export_checkpoint(checkpoint, out_dir) -> Path:
     if not isinstance(ckpt, dict) or not {"model", "spec", "config"} <= set(ckpt):
         raise ValueError(f"{checkpoint}: not a mirasc train checkpoint")
     cfg = config_from(ckpt["config"])
-    return export(ckpt["spec"], out_dir, cfg.lm_config(), state_dict=ckpt["model"], dtype=cfg.dtype)
+    return export(ckpt["spec"], out_dir, cfg.lm_config(), state_dict=ckpt["model"], dtype=cfg.dtype,
+                  tokenizer_files=ckpt.get("tokenizer"))

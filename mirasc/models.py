@@ -135,7 +135,7 @@ class LanguageModel(nn.Module):
             else:
                 scaled = logits / temperature
                 if top_k is not None:
-                    kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+                    kth = torch.topk(scaled, min(top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
                     scaled = scaled.masked_fill(scaled < kth, float("-inf"))
                 nxt = torch.multinomial(torch.softmax(scaled.float(), -1), 1, generator=generator)[:, 0]
             out.append(nxt[:, None])

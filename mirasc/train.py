@@ -1,14 +1,18 @@
-"""`mirasc train SPEC`: train a byte-level language model whose mixers are the compiled spec.
+"""`mirasc train SPEC`: train a language model (bytes, or a local tokenizer's tokens) whose mixers are the
+compiled spec.
 
 AdamW (no weight decay on norms, biases, embeddings and the memories' learned initial states), linear
 warmup then cosine decay to `min_lr`, gradient clipping, optional bf16 autocast, checkpoints
 (model, optimizer, step, RNG states, config) every `ckpt_every` steps and at the end, `--resume`, a
 progress display with tokens/s and loss, metrics as JSON lines, and the final validation loss in bits
-per byte (nats / ln 2).
+per byte of text (nats per token / ln 2 × tokens per byte; for bytes, nats / ln 2).
 
 Configuration: `TrainConfig` defaults < `--config FILE.json` < command-line flags (on `--resume`, the
-checkpoint's config replaces the defaults). Data: the standard library's source by default, any local
-text folder with `--data DIR` (see `mirasc.data`); nothing is downloaded.
+checkpoint's config replaces the defaults). Data: the standard library's source by default; with `--data
+PATH` a local text folder, JSONL or Parquet file(s), or a `datasets` save_to_disk folder (see
+`mirasc.data`). Tokens: bytes by default; `--tokenizer PATH` reads a tokenizer.json file or a Hugging Face
+tokenizer folder from the disk (see `mirasc.tokenizer`), the LM's vocabulary follows it, and checkpoints
+carry it (so an export does too). Nothing is downloaded.
 
 Distributed: under `torchrun --nproc_per_node N ...` the same entry point uses DistributedDataParallel
 (gloo on CPU, nccl on GPU); `batch_size` is the global batch and rank r takes rows [r·B/N, (r+1)·B/N) of
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -202,11 +207,14 @@ def _full_state(model, optimizer, env: _Dist, cfg: TrainConfig):
     return get_state_dict(model, optimizer, options=opts)
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, spec: str, env: _Dist):
+def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, spec: str, env: _Dist,
+                    tokenizer_files: dict | None = None):
+    """tokenizer_files: the tokenizer's files ({name: bytes}, None for bytes), so that an export of the
+    checkpoint carries the tokenizer it was trained with."""
     model_sd, optim_sd = _full_state(model, optimizer, env, cfg)
     if env.main:
         ckpt = {"model": model_sd, "optimizer": optim_sd, "step": step, "config": asdict(cfg), "spec": spec,
-                "world_size": env.world,
+                "world_size": env.world, "tokenizer": tokenizer_files,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,8 +238,29 @@ def load_checkpoint_into(ckpt: dict, model, optimizer):
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+def _run_tokenizer(cfg: TrainConfig, ckpt: dict | None):
+    """The run's tokenizer: cfg.tokenizer, or on resume the checkpoint's own copy (its files may have moved
+    since). Resuming with another tokenizer than the checkpoint's is refused."""
+    from mirasc.tokenizer import load_tokenizer, tokenizer_from_files
+
+    saved = ckpt.get("tokenizer") if ckpt is not None else None
+    if saved and cfg.tokenizer == ckpt["config"].get("tokenizer"):
+        return tokenizer_from_files(saved)
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    if ckpt is not None:
+        theirs = tokenizer_from_files(saved) if saved else None
+        same = (theirs is None and tokenizer.kind == "bytes") or (
+            theirs is not None and tokenizer.kind == "tokens" and theirs.separator == tokenizer.separator
+            and theirs.tok.get_vocab() == tokenizer.tok.get_vocab())
+        if not same:
+            was = "bytes" if theirs is None else f"a tokenizer of {theirs.vocab_size} tokens"
+            raise ValueError(f"--tokenizer {cfg.tokenizer or 'bytes'}: the checkpoint was trained on {was}; resume "
+                             "with the same tokenizer (or leave --tokenizer out to use the checkpoint's copy)")
+    return tokenizer
+
+
 # TrainConfig fields that decide the model's parameters (and so the checkpoint's tensors)
-MODEL_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
+MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
 
 
 def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
@@ -274,7 +303,7 @@ def load_model(path: str | Path, map_location="cpu"):
 
 @torch.no_grad()
 def evaluate(model, data: torch.Tensor, cfg: TrainConfig, env: _Dist, autocast) -> float:
-    """Mean next-byte cross-entropy (nats) over deterministic validation windows, sharded over ranks (every
+    """Mean next-token cross-entropy (nats) over deterministic validation windows, sharded over ranks (every
     rank runs the same number of forwards, so FSDP's collectives line up)."""
     from mirasc.data import eval_windows
 
@@ -399,7 +428,14 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
             return contextlib.nullcontext()
         return torch.autocast(env.device.type, dtype=torch.bfloat16)
 
-    corpus = load_corpus(cfg.data, max_bytes=cfg.max_bytes, val_fraction=cfg.val_fraction)
+    tokenizer = _run_tokenizer(cfg, ckpt)
+    if cfg.vocab_size is None:  # the LM's vocabulary follows the tokenizer (recorded in checkpoints)
+        cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
+    elif cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"vocab_size {cfg.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({tokenizer.vocab_size} tokens from {tokenizer.source})")
+    corpus = load_corpus(cfg.data, max_bytes=cfg.max_bytes, val_fraction=cfg.val_fraction, tokenizer=tokenizer,
+                         data_format=cfg.data_format, text_field=cfg.text_field)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     raw = build(text, cfg.lm_config()).to(device=env.device, dtype=dtype)
@@ -413,6 +449,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
         start = int(ckpt["step"])
     sampler = BatchSampler(corpus.train, cfg.batch_size, cfg.seq_len, seed=cfg.seed, rank=env.rank,
                            world_size=env.world)
+    tok_files = tokenizer.files()
 
     def record(rec):
         if env.main:
@@ -434,9 +471,13 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
                        + (f"; resumed at step {start}" if start else ""))
         if start == 0:
             record({"kind": "config", "step": 0, "spec": name, "params": n_params, "world_size": env.world,
-                    "mode": mode, "config": asdict(cfg), "train_bytes": len(corpus.train),
-                    "val_bytes": len(corpus.val)})
+                    "mode": mode, "config": asdict(cfg), "unit": corpus.unit, "train_bytes": corpus.train_bytes,
+                    "val_bytes": corpus.val_bytes, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val)})
 
+    # losses are in nats per token; bits per byte of text = nats / ln 2 * tokens per byte (1 for bytes)
+    unit = corpus.unit[:-1]
+    train_tpb = len(corpus.train) / corpus.train_bytes if corpus.train_bytes else 1.0
+    val_tpb = corpus.tokens_per_byte
     losses = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     t_last, steps_since, t0 = time.perf_counter(), 0, time.perf_counter()
@@ -461,7 +502,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
         if done % cfg.log_every == 0 or done == cfg.steps:
             loss_v = env.mean(loss.item())
             now = time.perf_counter()
-            rec = {"kind": "train", "step": done, "loss": loss_v, "bpb": loss_v / LN2, "lr": lr,
+            rec = {"kind": "train", "step": done, "loss": loss_v, "bpb": loss_v / LN2 * train_tpb, "lr": lr,
                    "grad_norm": float(norm), "tokens_per_s": steps_since * tokens_per_step / max(now - t_last, 1e-9),
                    "elapsed_s": now - t0}
             losses.append((done, loss_v))
@@ -470,16 +511,16 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
             t_last, steps_since = now, 0
         if cfg.eval_every and done % cfg.eval_every == 0 and done != cfg.steps:
             v = evaluate(model, corpus.val, cfg, env, autocast)
-            record({"kind": "val", "step": done, "loss": v, "bpb": v / LN2})
+            record({"kind": "val", "step": done, "loss": v, "bpb": v / LN2 * val_tpb})
             if env.main:
-                progress.write(f"step {done}: val loss {v:.4f} nats/byte, {v / LN2:.4f} bits/byte")
+                progress.write(f"step {done}: val loss {v:.4f} nats/{unit}, {v / LN2 * val_tpb:.4f} bits/byte")
         if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != end:
-            save_checkpoint(ckpt_path, model, optimizer, done, cfg, text, env)
+            save_checkpoint(ckpt_path, model, optimizer, done, cfg, text, env, tok_files)
     progress.close()
 
     final_step = max(start, end)
     if end > start:
-        save_checkpoint(ckpt_path, model, optimizer, final_step, cfg, text, env)
+        save_checkpoint(ckpt_path, model, optimizer, final_step, cfg, text, env, tok_files)
     if final_step < cfg.steps:  # stopped early on purpose: no final evaluation, resume later
         if env.main:
             print(f"stopped at step {final_step}/{cfg.steps}; checkpoint {ckpt_path} (resume with --resume)",
@@ -487,21 +528,21 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
         return {"step": final_step, "val_loss": None, "val_bpb": None, "losses": losses, "out_dir": str(out_dir),
                 "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
     val = evaluate(model, corpus.val, cfg, env, autocast)
-    bpb = val / LN2
+    bpb = val / LN2 * val_tpb
     record({"kind": "final", "step": final_step, "val_loss": val, "val_bpb": bpb, "params": n_params,
             "elapsed_s": time.perf_counter() - t0})
     if env.main:
-        print(f"final: step {final_step}, validation {val:.4f} nats/byte = {bpb:.4f} bits/byte "
-              f"(perplexity {math.exp(val):.3f} per byte); checkpoint {ckpt_path}; metrics {metrics_path}",
+        print(f"final: step {final_step}, validation {val:.4f} nats/{unit} = {bpb:.4f} bits/byte "
+              f"(perplexity {math.exp(val):.3f} per {unit}); checkpoint {ckpt_path}; metrics {metrics_path}",
               flush=True)
     if cfg.sample:
-        _sample(raw, model, optimizer, corpus, cfg, env, text)
+        _sample(raw, model, optimizer, corpus, cfg, env, text, tokenizer)
     return {"step": final_step, "val_loss": val, "val_bpb": bpb, "losses": losses, "out_dir": str(out_dir),
             "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
 
 
-def _sample(raw, model, optimizer, corpus, cfg, env, text):
-    """Rank 0 prints `cfg.sample` generated bytes after a validation prompt (FSDP: from an unsharded copy)."""
+def _sample(raw, model, optimizer, corpus, cfg, env, text, tokenizer):
+    """Rank 0 prints `cfg.sample` generated tokens after a validation prompt (FSDP: from an unsharded copy)."""
     from mirasc.models import build
 
     if cfg.fsdp:
@@ -515,8 +556,8 @@ def _sample(raw, model, optimizer, corpus, cfg, env, text):
     prompt = corpus.val[:64].long()[None].to(next(raw.parameters()).device)
     g = torch.Generator(device=prompt.device).manual_seed(cfg.seed)
     out = raw.generate(prompt, cfg.sample, temperature=0.8, top_k=40, generator=g)
-    decoded = bytes(out[0].tolist()).decode("utf-8", errors="replace")
-    print(f"--- sample (prompt: first 64 validation bytes) ---\n{decoded}\n---", flush=True)
+    print(f"--- sample (prompt: first 64 validation {corpus.unit}) ---\n{tokenizer.decode(out[0].tolist())}\n---",
+          flush=True)
 
 
 if __name__ == "__main__":

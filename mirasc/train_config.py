@@ -27,11 +27,19 @@ class TrainConfig:
     window: int = field(default=256, metadata={"help": "window of the hybrid attention blocks"})
     layer_options: dict = field(default_factory=dict,
                                 metadata={"help": "JSON object of Layer options, e.g. '{\"gate_rank\": 16}'"})
+    vocab_size: int | None = field(default=None, metadata={
+        "help": "vocabulary of the LM (default: the tokenizer's size; 256 for bytes; larger pads it)"})
     # data
-    data: str | None = field(default=None, metadata={"help": "text folder (default: the Python stdlib sources)"})
+    data: str | None = field(default=None, metadata={
+        "help": "a text folder, JSONL or Parquet file(s), or a datasets save_to_disk folder "
+        "(default: the Python stdlib sources)"})
+    data_format: str = field(default="auto", metadata={"help": "auto, text, jsonl, parquet or datasets"})
+    text_field: str = field(default="text", metadata={"help": "the text field of JSONL / Parquet / datasets records"})
+    tokenizer: str | None = field(default=None, metadata={
+        "help": "a local tokenizer: a tokenizer.json file or a Hugging Face tokenizer folder (default: bytes)"})
     max_bytes: int | None = field(default=None, metadata={"help": "cap the corpus to this many bytes"})
     val_fraction: float = field(default=0.05, metadata={"help": "fraction of files held out for validation"})
-    seq_len: int = field(default=128, metadata={"help": "training context length (bytes)"})
+    seq_len: int = field(default=128, metadata={"help": "training context length (tokens; bytes by default)"})
     batch_size: int = field(default=8, metadata={"help": "global batch size (split over ranks)"})
     # optimisation
     steps: int = field(default=200, metadata={"help": "optimizer steps"})
@@ -67,9 +75,9 @@ class TrainConfig:
     def lm_config(self):
         from mirasc.models import LMConfig
 
-        return LMConfig(d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-                        mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every, window=self.window,
-                        layer_options=dict(self.layer_options))
+        return LMConfig(vocab_size=self.vocab_size or 256, d_model=self.d_model, n_layers=self.n_layers,
+                        n_heads=self.n_heads, mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every,
+                        window=self.window, layer_options=dict(self.layer_options))
 
     def validate(self):
         if self.dtype not in ("float32", "float64"):
@@ -82,6 +90,10 @@ class TrainConfig:
         if self.warmup is not None and self.steps > 0 and self.warmup >= self.steps:
             raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps}): the learning rate "
                              f"would never reach its peak (leave warmup unset for min({DEFAULT_WARMUP}, steps // 10))")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+        if self.data_format not in ("auto", "text", "jsonl", "parquet", "datasets"):
+            raise ValueError(f"data_format must be auto, text, jsonl, parquet or datasets, got {self.data_format!r}")
         if not isinstance(self.layer_options, dict):
             raise ValueError("layer_options must be a JSON object")
 
@@ -140,6 +152,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             kw["type"], kw["metavar"] = json.loads, "JSON"
         else:
             kw["type"] = hints[f.type]
-            kw["metavar"] = name.upper() if name not in ("data", "out_dir") else "DIR"
+            kw["metavar"] = {"data": "PATH", "out_dir": "DIR", "tokenizer": "PATH"}.get(name, name.upper())
         group.add_argument(_flag(name), **kw)
     return parser
