@@ -29,7 +29,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
-    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+    layer = preprocess(LAYER, {"multistep": spec.steps > 1})  # STEPS pairs (and η) per token: gd(steps=n)
+    return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
@@ -275,6 +276,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "extras": bool(spec.extras),
         "channel_k": channel_decay == "k",
         "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
+        "multistep": spec.steps > 1,
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
                            and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
@@ -304,6 +306,9 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": _channel_decay_side(spec) or "",
+        "STEPS": str(spec.steps),
+        # a multi-step learner's public `apply` takes tokens and runs this function over their sub-steps
+        "APPLY_FN": "_apply_substeps" if spec.steps > 1 else "apply",
     }
 
 
