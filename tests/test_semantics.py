@@ -312,7 +312,7 @@ def test_default_arguments(name):
     gates, extras = split_extras(mod, gates)
     compare(mod.apply(q, k, v, gates, state=state, **extras), want, 1e-9, f"{name} auto vs reference")
     o, final = mod.apply(q, k, v, gates, **extras)
-    assert o.shape == v.shape and torch.isfinite(o).all()
+    assert o.shape == (*v.shape[:3], v.shape[-1]) and torch.isfinite(o).all()  # (v: [B, T, H, STEPS, Dv] multi-step)
     assert set(final) == set(state_keys(name))
     for key in state:
         assert final[key].shape == state[key].shape, key
