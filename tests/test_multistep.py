@@ -35,7 +35,8 @@ LIN = dict(kind="linear")
 CASES = {
     "gated_deltaproduct": ("memory = linear; bias = l2; retention = decay(alpha=gate, order=pre); "
                            "learner = gd(lr=gate, steps=2)",
-                           dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate", order="pre"),
+                           dict(memory=LIN, bias=dict(kind="l2"),
+                                retention=dict(kind="decay", alpha="gate", order="pre"),
                                 learner=dict(kind="gd", lr="gate"), parallel=None, steps=2)),
     "deltaproduct3": ("memory = linear; bias = l2; learner = gd(lr=gate, steps=3)",
                       dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="none"),
