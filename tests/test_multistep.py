@@ -294,6 +294,22 @@ def test_matches_fla_with_cu_seqlens():
         assert rel(o[:, a:b], o_i) < 1e-12 and rel(final["W"][i:i + 1], f_i["W"]) < 1e-12
 
 
+def test_cu_seqlens_on_triton_chunks():
+    """Packed sequences in one launch of the chunked Triton kernels (interpreter): each row padded at its end in
+    sub-steps, equal to each sequence run alone."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(SPECS / "gated_deltaproduct.miras")
+    q, k, v, gates, state = case("gated_deltaproduct", T=5, dk=4, dv=4, dtype=torch.float32)
+    q, k, v, gates = q[:1], k[:1], v[:1], {n: x[:1] for n, x in gates.items()}
+    cu = torch.tensor([0, 2, 5])
+    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", chunk_size=4,
+                         cu_seqlens=cu)
+    for i, (a, b) in enumerate(((0, 2), (2, 5))):
+        o_i, f_i = mod.apply(q[:, a:b], k[:, a:b], v[:, a:b], {n: x[:, a:b] for n, x in gates.items()},
+                             state={"W": state["W"][i:i + 1]}, backend="torch", algorithm="recurrent")
+        assert rel(o[:, a:b], o_i) < 1e-5 and rel(final["W"][i:i + 1], f_i["W"]) < 1e-5
+
+
 # ---------------------------------------------------------------------------- layer, errors
 
 
