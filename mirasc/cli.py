@@ -101,7 +101,8 @@ def cmd_check(args) -> int:
 
         compiler.derive_parsed(s, text, path)
     print(f"{args.spec}: ok — model {s.name}: memory={s.memory.kind} bias={s.bias.kind} "
-          f"retention={s.retention.kind} learner={s.learner.kind} parallel={s.parallel.kind}; "
+          f"retention={s.retention.kind} learner={s.learner.kind}{f'(steps={s.steps})' if s.steps > 1 else ''} "
+          f"parallel={s.parallel.kind}; "
           f"gates={[g + (f'({side})' if side else '') for g, side in s.gate_channels().items()]}")
     return 0
 
