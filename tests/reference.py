@@ -77,6 +77,14 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
     ),
+    "deltaproduct": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+        steps=3,
+    ),
     "gated_deltanet": dict(
         memory=_LINEAR,
         bias=dict(kind="l2"),

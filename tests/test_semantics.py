@@ -236,6 +236,8 @@ def _titans_c2():
 
 GRADCHECK = {
     "deltanet": (lambda: module("deltanet"), "deltanet", 2),  # linear memory, chunked with chunk 2
+    # two steps per token, chunks of 3 sub-steps (boundaries inside tokens)
+    "gated_deltaproduct": (lambda: module("gated_deltaproduct"), "gated_deltaproduct", 3),
     "titans": (lambda: module("titans"), "titans", None),  # mlp memory, one partial mini-batch
     "titans_c2": (lambda: mirasc.compile_spec(_titans_c2()), "titans", None),  # mlp, 3 mini-batches of 2
 }
