@@ -2,10 +2,10 @@
 gradient steps per token over n (key, value) pairs, the retention's α at the first only, the read after the last.
 
 1. Variants across the four axes (Gated DeltaProduct, DeltaProduct, a Hebbian and an implicit product, κ per
-   sub-step, α and η over channels, a constant α with kl, an MLP memory with lp and lq), compiled in-process,
-   against the independent float64 reference (tests/reference.py, `steps=n`: a loop over tokens and their
-   sub-steps with autograd gradients) on every torch algorithm: outputs, final state and the gradients of q, k, v,
-   every gate, κ and the initial state.
+   sub-step, α and η over channels, a per-token Huber δ, a constant α with kl, an MLP memory with lp and lq),
+   compiled in-process, against the independent float64 reference (tests/reference.py, `steps=n`: a loop over
+   tokens and their sub-steps with autograd gradients) on every torch algorithm: outputs, final state and the
+   gradients of q, k, v, every gate, κ and the initial state.
 2. The Triton kernels (interpreter, float32, tiny shapes): fused recurrent and chunked, forward and backward.
 3. flash-linear-attention's naive Gated DeltaProduct (fla.ops.gated_delta_product) with its conventions mapped:
    state S = Wᵀ [K, V]; q scaled by `scale` inside (ours gets q·scale); g = log α per token; β = η per sub-step; keys
@@ -61,6 +61,12 @@ CASES = {
                       dict(memory=LIN, bias=dict(kind="l2", read="kappa"),
                            retention=dict(kind="decay", alpha="gate", order="pre"),
                            learner=dict(kind="gd", lr="gate"), parallel=None, steps=2)),
+    "huber_product": ("memory = linear; bias = huber(delta=gate); retention = decay(alpha=gate); "
+                      "learner = gd(lr=gate, steps=2)",  # δ once per token, at both steps
+                      dict(memory=LIN, bias=dict(kind="huber", delta="gate", mode="coordinate"),
+                           retention=dict(kind="decay", alpha="gate", order="post"),
+                           learner=dict(kind="gd", lr="gate"), parallel=None, steps=2,
+                           gate_ranges=dict(delta=(0.3, 1.2)))),
     "kl_constant_alpha": ("memory = linear; bias = l2; retention = kl(c=1, alpha=0.7); "
                           "learner = gd(lr=gate(v), steps=2)",
                           dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="kl", c=1.0, alpha=0.7),
