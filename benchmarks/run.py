@@ -43,15 +43,17 @@ def timeit(fn, repeat: int) -> float:
 
 def inputs(mod, B, T, H, D, seed=0, requires_grad=False):
     g = torch.Generator().manual_seed(seed)
+    sub = [mod.STEPS] if hasattr(mod, "STEPS") else []  # multi-step learners: n keys, values, η, κ per token
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-    v = torch.randn(B, T, H, D, generator=g)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
+    v = torch.randn(B, T, H, *sub, D, generator=g)
     lo_hi = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
     channels = getattr(mod, "GATE_CHANNELS", {})  # channel-wise gates are [B, T, H, D] (Dk = Dv = D here)
-    gates = {n: lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0]) * torch.rand(B, T, H, *([D] if n in channels else []),
-                                                                       generator=g) for n in mod.GATES}
+    gates = {n: lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0])
+             * torch.rand(B, T, H, *(sub if n == "eta" else []), *([D] if n in channels else []), generator=g)
+             for n in mod.GATES}
     for n in getattr(mod, "EXTRAS", ()):  # key inputs besides q, k (κ): unit-norm rows, passed with the gates
-        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
+        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
     if requires_grad:
         for t in (q, k, v, *gates.values()):
             t.requires_grad_(True)

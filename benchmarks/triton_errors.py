@@ -60,11 +60,12 @@ def main() -> int:
         mod = mirasc.compile_spec(path)
         g = torch.Generator().manual_seed(0)
         B, T, H, D = 1, 40, 2, 8
+        sub = [mod.STEPS] if hasattr(mod, "STEPS") else []  # multi-step learners: n keys, values, η per token
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-        k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-        v = torch.randn(B, T, H, D, generator=g)
+        k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
+        v = torch.randn(B, T, H, *sub, D, generator=g)
         gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
-                 * torch.rand(B, T, H, *_channels(mod, n, D, D), generator=g)
+                 * torch.rand(B, T, H, *(sub if n == "eta" else []), *_channels(mod, n, D, D), generator=g)
                  for n in mod.GATES}
         state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s
                  for n, s in mod.init_state(B, H, D, D).items()}

@@ -102,7 +102,8 @@ def cmd_check(args) -> int:
 
         compiler.derive_parsed(s, text, path)
     print(f"{args.spec}: ok — model {s.name}: memory={s.memory.kind} bias={s.bias.kind} "
-          f"retention={s.retention.kind} learner={s.learner.kind} parallel={s.parallel.kind}; "
+          f"retention={s.retention.kind} learner={s.learner.kind}{f'(steps={s.steps})' if s.steps > 1 else ''} "
+          f"parallel={s.parallel.kind}; "
           f"gates={[g + (f'({side})' if side else '') for g, side in s.gate_channels().items()]}")
     return 0
 
@@ -136,21 +137,22 @@ def cmd_demo(args) -> int:
     mod = compiler.load_source(compiled.source, compiled.spec.name)
     t_compile = time.perf_counter() - t0
     gen = torch.Generator().manual_seed(0)
+    sub = [mod.STEPS] if hasattr(mod, "STEPS") else []  # a multi-step learner: n keys, values, η, κ per token
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, D, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, *sub, D, generator=gen)
     ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
     gates = {}
     for g in mod.GATES:
         lo, hi = ranges[g]
         channels = [D] if g in getattr(mod, "GATE_CHANNELS", {}) else []  # Dk = Dv = D here
-        gates[g] = lo + (hi - lo) * torch.rand(B, T, H, *channels, generator=gen)
+        gates[g] = lo + (hi - lo) * torch.rand(B, T, H, *(sub if g == "eta" else []), *channels, generator=gen)
     # key inputs besides q, k (EXTRAS: κ of l2(read|erase=kappa)): unit-norm rows like k
-    extras = {n: torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
+    extras = {n: torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=gen), dim=-1)
               for n in getattr(mod, "EXTRAS", ())}
     print(f"compiled {args.spec} -> model `{compiled.spec.name}` in {t_compile * 1e3:.0f} ms "
           f"({len(compiled.source.splitlines())} lines of torch); gates {list(mod.GATES)}")
-    print(f"input: B={B} T={T} H={H} Dk=Dv={D}, float32")
+    print(f"input: B={B} T={T} H={H} Dk=Dv={D}, float32" + (f", {sub[0]} (key, value) pairs per token" if sub else ""))
     results = {}
     for algo in ("recurrent", "chunked"):
         if algo == "chunked" and not mod.CHUNKED:

@@ -199,6 +199,11 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     elif r.kind == "bregman":
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
+    if spec.steps > 1:  # a multi-step learner: the token's pairs as sub-steps (docs/semantics.md)
+        alpha = "; α_t at j = 1 only (1 after it)" if getattr(r, "alpha", None) is not None else ""
+        out.append(f"steps:      token t runs the lines above {spec.steps} times, j = 1..{spec.steps}, with "
+                   f"(k_{{t,j}}, v_{{t,j}}, η_{{t,j}}) at the state sub-step j − 1 left{alpha}; "
+                   "o_t reads the last")
     out.append("read:       o_t = M_{W_t}(q_t)")
     if chunk_readout and r.kind == "lq":
         out.append("state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "

@@ -193,13 +193,16 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     try:
         for algorithm in algos:
             g = torch.Generator().manual_seed(0)
-            q, k = (torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_() for _ in range(2))
-            v = torch.randn(1, T, heads, dv, generator=g).to(torch_dtype).requires_grad_()
+            sub = [module.STEPS] if hasattr(module, "STEPS") else []  # multi-step learners: n pairs (and η) per token
+            q = torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_()
+            k = torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
+            v = torch.randn(1, T, heads, *sub, dv, generator=g).to(torch_dtype).requires_grad_()
             channels = getattr(module, "GATE_CHANNELS", {})
-            gates = {n: torch.rand(1, T, heads, *([dk if channels[n] == "k" else dv] if n in channels else []),
+            gates = {n: torch.rand(1, T, heads, *(sub if n == "eta" else []),
+                                   *([dk if channels[n] == "k" else dv] if n in channels else []),
                                    generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
             kw = {} if chunk is None else {"chunk_size": chunk}
-            extras = {n: torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_()
+            extras = {n: torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
                       for n in getattr(module, "EXTRAS", ())}  # key inputs besides q, k (κ)
             if extras:
                 kw["extras"] = extras

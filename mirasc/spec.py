@@ -138,20 +138,28 @@ class Bregman(Form):
 
 
 # ---------------------------------------------------------------------------------- learner
+# Inner gradient steps per token (a multi-step learner, Gated DeltaProduct): the token's n (key, value) pairs are
+# taken one after another, each step at the state the previous one left (docs/semantics.md, "Multi-step learners").
+Steps = Annotated[int, Field(ge=1, le=64)]
+
+
 class GD(Form):
     kind: Literal["gd"] = "gd"
     lr: Coef = GATE
+    steps: Steps = 1
 
 
 class Momentum(Form):
     kind: Literal["momentum"] = "momentum"
     lr: Coef = GATE
     theta: Coef = GATE
+    steps: Steps = 1  # accepted by the grammar so that steps > 1 is rejected with its reason (check_combination)
 
 
 class Implicit(Form):
     kind: Literal["implicit"] = "implicit"
     lr: Coef = GATE
+    steps: Steps = 1
 
 
 class NonparametricLearner(Form):
@@ -290,6 +298,11 @@ class Spec(BaseModel):
         return ("kappa",) if self.generalized_delta else ()
 
     @property
+    def steps(self) -> int:
+        """Inner gradient steps per token (`gd(steps=n)`, `implicit(steps=n)`); 1 for every other learner."""
+        return getattr(self.learner, "steps", 1)
+
+    @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
         return tuple(g for g in GATE_ORDER if coefs.get(g) in GATE_FORMS)
@@ -335,11 +348,11 @@ class Spec(BaseModel):
 
 def form_text(form: Form) -> str:
     """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
-    `minibatch`'s `readout=token` and `l2`'s `read=key`/`erase=key`, their defaults (§3), left out so that every
-    spec written before them reads as before."""
+    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key` and a learner's `steps=1`, their defaults (§3),
+    left out so that every spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
             if p != "kind" and v is not None and not (p == "readout" and v == "token")
-            and not (p in ("read", "erase") and v == "key")]
+            and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -466,6 +479,7 @@ def check_combination(spec: Spec) -> None:
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
     _check_channel_gates(spec)
     _check_generalized_delta(spec)
+    _check_steps(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -551,3 +565,21 @@ def _check_generalized_delta(spec: Spec) -> None:
             raise Rejection(field, f"`{name}=gate(v)` acts on value channels, but the generalized delta transition "
                             "W(diag(w) − a bᵀ) + v kᵀ acts on the key side (columns of W): use `gate(k)` or `gate`",
                             param=name)
+
+
+def _check_steps(spec: Spec) -> None:
+    """A multi-step learner (`steps=n`, n > 1): each token's n sub-steps are token steps of §3 run one after
+    another, the retention's gates at the first sub-step only (docs/semantics.md, "Multi-step learners"). What
+    has no defined meaning with it, and why."""
+    l, par = spec.learner, spec.parallel
+    if spec.steps == 1:
+        return
+    if l.kind == "momentum":
+        raise Rejection("learner", "`momentum(steps=n)` is not defined: with θ applied once per token the buffer "
+                        "would enter W at each of the n sub-steps (θ·S_{t-1} added n times), and a θ per sub-step "
+                        "is no published model either; use `gd(steps=n)` or `implicit(steps=n)`", param="steps")
+    if par.kind == "minibatch":
+        raise Rejection("learner", "`steps=n` takes n gradient steps one after another, each at the state the "
+                        "previous one left; under `minibatch(C)` every gradient is taken at the chunk's anchor, so "
+                        "the n steps would collapse into one step on their summed loss: write `parallel = exact`",
+                        param="steps")

@@ -13,7 +13,8 @@ Config format (one hand-written dict per spec file in ``specs/``)::
                         | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
          learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr)),
          parallel=None | C,
-         readout="token" | "chunk")   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
+         readout="token" | "chunk",   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
+         steps=n)                     # optional; a multi-step learner (gd(steps=n), implicit(steps=n))
 
 A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
 for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber), ``"gate(k)"`` /
@@ -27,6 +28,11 @@ The generalized delta transition (docs/semantics.md, "Erase and write keys apart
 read="kappa")`` reads the error at the regression key κ and steps along k, g = (M(κ) − v) kᵀ;
 ``erase="kappa"`` takes g = ∇½‖M(κ)‖² (autograd) and adds the write v kᵀ to the step at unit rate. κ is read
 from the gates dict under ``kappa`` ([B, T, H, Dk]; :func:`make_inputs` draws it there, unit-norm rows).
+
+A multi-step learner (docs/semantics.md, "Multi-step learners"): ``steps=n`` makes k, v [B, T, H, n, D], η
+[B, T, H, n] (channel-wise [B, T, H, n, D]) and κ [B, T, H, n, Dk]; token t takes n sub-steps j = 1..n, each the
+token step above with (k_{t,j}, v_{t,j}, η_{t,j}, κ_{t,j}) at the state the previous sub-step left, the retention's
+α_t at j = 1 only (α = 1 after it), and o_t is read after the last.
 """
 
 from __future__ import annotations
@@ -71,12 +77,28 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
     ),
+    "deltaproduct": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+        steps=3,
+    ),
     "gated_deltanet": dict(
         memory=_LINEAR,
         bias=dict(kind="l2"),
         retention=dict(kind="decay", alpha="gate", order="pre"),
         learner=dict(kind="gd", lr="gate"),
         parallel=None,
+    ),
+    "gated_deltaproduct": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="pre"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=None,
+        steps=2,
     ),
     "gla": dict(
         memory=_LINEAR,
@@ -405,6 +427,13 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     chunk_readout = cfg.get("readout", "token") == "chunk"
     if chunk_readout and (C is None or ret["kind"] not in ("lq", "kl")):
         raise ValueError("readout=chunk is defined for lq and kl retention under minibatch(C)")
+    n_steps = cfg.get("steps", 1)
+    if n_steps > 1 and (C is not None or lrn["kind"] == "momentum"):
+        raise ValueError("steps=n is defined with parallel exact and a gd or implicit learner")
+    # the inputs of sub-step j: k, v, η and κ have one per sub-step (axis 3), the other gates one per token
+    per_step = ("eta", "kappa")
+    sub_gates = [{n: x[:, :, :, j] if n in per_step and n_steps > 1 else x for n, x in gates.items()}
+                 for j in range(n_steps)]
     T = q.shape[1]
     W = {n: state[n] for n in names}
     A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
@@ -414,10 +443,14 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     anchor = W
     Z = None  # kl with α over key channels: the log-space accumulator (below)
     outs = []
-    for t in range(T):
-        kt, vt, qt = k[:, t], v[:, t], q[:, t]
+    for step in range(T * n_steps):  # token t, sub-step j (one sub-step per token unless steps=n)
+        t, j = divmod(step, n_steps)
+        last = j == n_steps - 1  # the token's output is read after its last sub-step
+        kt, vt, qt = (k[:, t], v[:, t], q[:, t]) if n_steps == 1 else (k[:, t, :, j], v[:, t, :, j], q[:, t])
+        gates = sub_gates[j]
         eta = _coef(lrn.get("lr"), "eta", gates, t, 1.0)
-        alpha = _coef(ret.get("alpha"), "alpha", gates, t, 1.0)
+        # the retention acts once per token: its decay at the first sub-step, none after it
+        alpha = _coef(ret.get("alpha"), "alpha", gates, t, 1.0) if j == 0 else 1.0
         theta = _coef(lrn.get("theta"), "theta", gates, t, 0.0)
         delta = _coef(cfg["bias"].get("delta"), "delta", gates, t, 0.0)
 
@@ -430,7 +463,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             kk = (kt * kt).sum(-1)[..., None, None]
             err = _matvec(Wp, kt) - vt
             W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kt[..., None, :]}
-            outs.append(memory_forward(mem, W, qt))
+            if last:
+                outs.append(memory_forward(mem, W, qt))
             continue
 
         first = C is not None and t % C == 0  # the first token s of a chunk
@@ -506,7 +540,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         else:
             raise ValueError(f"unknown retention {kind!r}")
 
-        outs.append(memory_forward(mem, W, qt))  # read after write
+        if last:
+            outs.append(memory_forward(mem, W, qt))  # read after write
 
     o = torch.stack(outs, dim=1)
     final = {}
@@ -532,9 +567,10 @@ def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtyp
     cfg = _get_cfg(cfg_or_spec_name)
     g = torch.Generator().manual_seed(seed)
     f64 = torch.float64
+    sub = (cfg["steps"],) if cfg.get("steps", 1) > 1 else ()  # a multi-step learner: n keys, values, η, κ per token
     q = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
-    k = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
-    v = torch.randn(B, T, H, Dv, generator=g, dtype=f64)
+    k = F.normalize(torch.randn(B, T, H, *sub, Dk, generator=g, dtype=f64), dim=-1)
+    v = torch.randn(B, T, H, *sub, Dv, generator=g, dtype=f64)
     ranges = dict(DEFAULT_GATE_RANGES)
     ranges.update(cfg.get("gate_ranges", {}))
     gates = {}
@@ -543,9 +579,11 @@ def make_inputs(cfg_or_spec_name, B: int, T: int, H: int, Dk: int, Dv: int, dtyp
     for name in sorted(declared_gates(cfg)):
         lo, hi = ranges[name]
         shape = {"gate": (B, T, H), "gate(k)": (B, T, H, Dk), "gate(v)": (B, T, H, Dv)}[kinds[name]]
+        if name == "eta":
+            shape = (*shape[:3], *sub, *shape[3:])
         gates[name] = lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=f64)
     if "kappa" in (cfg["bias"].get("read"), cfg["bias"].get("erase")):  # the regression key κ
-        gates["kappa"] = F.normalize(torch.randn(B, T, H, Dk, generator=g, dtype=f64), dim=-1)
+        gates["kappa"] = F.normalize(torch.randn(B, T, H, *sub, Dk, generator=g, dtype=f64), dim=-1)
     cast = lambda x: x.to(dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), {n: cast(x) for n, x in gates.items()}
 

@@ -132,13 +132,15 @@ ISOLATED_RUNNER = textwrap.dedent('''
         spec.loader.exec_module(mod)
         g = torch.Generator().manual_seed(0)
         B, T, H, D = 1, 9, 2, 4
+        sub = [mod.STEPS] if hasattr(mod, "STEPS") else []  # multi-step learners: n keys, values, η, κ per token
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-        k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
-        v = torch.randn(B, T, H, D, generator=g)
-        gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, *([D] if name in getattr(mod, "GATE_CHANNELS", {{}}) else []),
+        k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
+        v = torch.randn(B, T, H, *sub, D, generator=g)
+        gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, *(sub if name == "eta" else []),
+                                                *([D] if name in getattr(mod, "GATE_CHANNELS", {{}}) else []),
                                                 generator=g) for name in mod.GATES}}
         state0 = mod.init_state(B, H, D, D)
-        x = {{"extras": {{n: torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
+        x = {{"extras": {{n: torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
                          for n in mod.EXTRAS}}}} if getattr(mod, "EXTRAS", ()) else {{}}
         o, state = mod.apply(q, k, v, gates, **x)
         out = {{"shape": list(o.shape), "finite": bool(torch.isfinite(o).all()), "spec_head": mod.SPEC.split("{{")[0],

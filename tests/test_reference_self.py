@@ -63,19 +63,22 @@ def test_ref_configs_cover_specs():
 def test_make_inputs_and_state(name):
     cfg = REF_CONFIGS[name]
     q, k, v, g, st = setup(name, T=5, Dk=4, Dv=4)
+    sub = (cfg["steps"],) if cfg.get("steps", 1) > 1 else ()  # multi-step learners: n keys, values, η, κ per token
     kappa = g.get("kappa")  # the regression key of l2(read|erase=kappa), drawn with the gates
     assert (kappa is not None) == ("kappa" in (cfg["bias"].get("read"), cfg["bias"].get("erase")))
     if kappa is not None:
-        torch.testing.assert_close(kappa.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
+        torch.testing.assert_close(kappa.norm(dim=-1), torch.ones(2, 5, 2, *sub, dtype=f64))
     assert set(g) - {"kappa"} == declared_gates(cfg)
     torch.testing.assert_close(q.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
-    torch.testing.assert_close(k.norm(dim=-1), torch.ones(2, 5, 2, dtype=f64))
+    torch.testing.assert_close(k.norm(dim=-1), torch.ones(2, 5, 2, *sub, dtype=f64))
+    assert v.shape == (2, 5, 2, *sub, 4)
     channels = {GATE_OF_ROLE[role]: cfg[section][role] for section in ("bias", "retention", "learner")
                 for role in GATE_OF_ROLE if role in cfg[section]}
     for name_, x in g.items():
         if name_ == "kappa":
             continue
-        assert x.shape == ((2, 5, 2) if channels[name_] == "gate" else (2, 5, 2, 4))  # Dk = Dv = 4
+        per_step = sub if name_ == "eta" else ()  # one learning rate per inner step
+        assert x.shape == ((2, 5, 2, *per_step) if channels[name_] == "gate" else (2, 5, 2, *per_step, 4))  # Dk = Dv
         assert (x > 0).all() or name_ == "theta"
         if name_ == "alpha":
             assert (x <= 1).all()

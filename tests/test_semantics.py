@@ -236,6 +236,8 @@ def _titans_c2():
 
 GRADCHECK = {
     "deltanet": (lambda: module("deltanet"), "deltanet", 2),  # linear memory, chunked with chunk 2
+    # two steps per token, chunks of 3 sub-steps (boundaries inside tokens)
+    "gated_deltaproduct": (lambda: module("gated_deltaproduct"), "gated_deltaproduct", 3),
     "titans": (lambda: module("titans"), "titans", None),  # mlp memory, one partial mini-batch
     "titans_c2": (lambda: mirasc.compile_spec(_titans_c2()), "titans", None),  # mlp, 3 mini-batches of 2
 }
@@ -312,7 +314,7 @@ def test_default_arguments(name):
     gates, extras = split_extras(mod, gates)
     compare(mod.apply(q, k, v, gates, state=state, **extras), want, 1e-9, f"{name} auto vs reference")
     o, final = mod.apply(q, k, v, gates, **extras)
-    assert o.shape == v.shape and torch.isfinite(o).all()
+    assert o.shape == (*v.shape[:3], v.shape[-1]) and torch.isfinite(o).all()  # (v: [B, T, H, STEPS, Dv] multi-step)
     assert set(final) == set(state_keys(name))
     for key in state:
         assert final[key].shape == state[key].shape, key

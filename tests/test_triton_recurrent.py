@@ -32,14 +32,15 @@ def rel(a, b):
 
 def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
+    sub = (mod.STEPS,) if hasattr(mod, "STEPS") else ()  # a multi-step learner: n keys, values, η, κ per token
     q = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
-    v = torch.randn(B, T, H, Dv, generator=g).to(dtype)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, Dk, generator=g), dim=-1).to(dtype)
+    v = torch.randn(B, T, H, *sub, Dv, generator=g).to(dtype)
     gates = {n: RANGES[n][0] + (RANGES[n][1] - RANGES[n][0])
-             * torch.rand(B, T, H, *_channels(mod, n, Dk, Dv), generator=g)
+             * torch.rand(B, T, H, *(sub if n == "eta" else ()), *_channels(mod, n, Dk, Dv), generator=g)
              for n in mod.GATES}
     for n in getattr(mod, "EXTRAS", ()):  # key inputs (κ): unit-norm rows, kept with the gates here
-        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=g), dim=-1).to(dtype)
+        gates[n] = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, Dk, generator=g), dim=-1).to(dtype)
     state = mod.init_state(B, H, Dk, Dv)
     # a non-zero momentum buffer, so its initial value matters
     state = {n: s + 0.01 * torch.randn(s.shape, generator=g) if n.startswith("S_") else s for n, s in state.items()}

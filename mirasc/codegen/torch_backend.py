@@ -31,7 +31,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
-    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+    layer = preprocess(LAYER, {"multistep": spec.steps > 1})  # STEPS pairs (and η) per token: gd(steps=n)
+    return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
@@ -281,6 +282,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "extras": bool(spec.extras),
         "channel_k": channel_decay == "k",
         "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
+        "multistep": spec.steps > 1,
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
                            and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
@@ -310,6 +312,9 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": _channel_decay_side(spec) or "",
+        "STEPS": str(spec.steps),
+        # a multi-step learner's public `apply` takes tokens and runs this function over their sub-steps
+        "APPLY_FN": "_apply_substeps" if spec.steps > 1 else "apply",
     }
 
 
@@ -377,14 +382,25 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
              "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
              None: f"chunked: not available ({reason})"}[kind]
+    if spec.steps > 1:
+        algos += f"; both run over the T·{spec.steps} sub-steps"
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
     return (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
             f"Spec:\n\n{spec_text}\n\nDerived update rule, per (batch, head), for t = 1..T:\n\n{eqs}\n\n"
             f"Algorithms: recurrent = the token loop above (reference); {algos}.\n"
-            + (f"{triton_line}\n" if triton_line else "") +
-            "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv]"
-            + "".join(f"; extras['{n}'] [B, T, H, Dk]" for n in spec.extras) + ".\n"
-            '"""\n').replace("\\", "\\\\")
+            + (f"{triton_line}\n" if triton_line else "")
+            + (_shapes_line(spec) if spec.steps > 1 else
+               "Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; gates [B, T, H]; o [B, T, H, Dv]"
+               + "".join(f"; extras['{n}'] [B, T, H, Dk]" for n in spec.extras) + ".\n")
+            + '"""\n').replace("\\", "\\\\")
+
+
+def _shapes_line(spec: S.Spec) -> str:
+    """The docstring's shapes for a multi-step learner: a key, a value and η per inner step."""
+    n = spec.steps
+    return (f"Shapes: q [B, T, H, Dk]; k [B, T, H, {n}, Dk]; v [B, T, H, {n}, Dv] ({n} pairs per token); "
+            f"gates [B, T, H], η [B, T, H, {n}]; o [B, T, H, Dv]"
+            + "".join(f"; extras['{x}'] [B, T, H, {n}, Dk]" for x in spec.extras) + ".\n")
 
 
 __all__ = ["emit", "preprocess", "chunked_form", "layer_source"]
