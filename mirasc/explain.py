@@ -11,6 +11,8 @@ from .derive import Derivation
 
 
 def _sym(value, gate: str) -> str:
+    if isinstance(value, S.PerHead):  # constant over tokens, one value per head h
+        return f"{gate}_h"
     return f"{gate}_t" if value in S.GATE_FORMS else S.format_value(value)
 
 
@@ -108,6 +110,9 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
     lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory, spec.retention)
+    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ"}
+    lines += [f"per head:   {greek[g]}_h = {_show(c.expr, latex) if latex else S.format_value(c)}  "
+              "(constant over tokens; head h = 0..H−1 of H)" for g, c in spec.per_head().items()]
     return [latex_line(line) for line in lines] if latex else lines
 
 
@@ -238,7 +243,8 @@ def _nonparametric(m: S.Nonparametric, r=None) -> list[str]:
             out.append(f"head mix:   a^h ← Σ_g M_hg a^g within groups of {m.head_mix} heads (learned, identity init)")
         out.append(f"read:       o_t = Σ_{{{rng}}} softmax_s(a_t·) v_s   (invisible keys masked to −∞)")
     elif r is not None and r.kind == "decay":
-        alpha = "α_l" if r.alpha in S.GATE_FORMS else S.format_value(r.alpha)
+        alpha = "α_l" if r.alpha in S.GATE_FORMS else "α_h" if isinstance(r.alpha, S.PerHead) \
+            else S.format_value(r.alpha)
         out.append(f"decay:      each stored pair's weight is multiplied by α_t at every step: a_ts = Π_{{s<l≤t}} "
                    f"{alpha} = exp(Σ_{{s<l≤t}} log {alpha})   (a_tt = 1; the Forgetting Transformer)")
         out.append(f"read:       o_t = Σ_{{{rng}}} a_ts κ(u_t, k_s) v_s / Σ_{{{rng}}} a_ts κ(u_t, k_s)   "

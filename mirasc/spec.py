@@ -15,9 +15,23 @@ from pydantic import BaseModel, ConfigDict, Field
 GATE = "gate"
 GATE_K, GATE_V = "gate(k)", "gate(v)"
 GATE_FORMS = (GATE, GATE_K, GATE_V)
-Coef = Literal["gate", "gate(k)", "gate(v)"] | float
+# The symbols a per-head constant may use: the head's index h = 0..H-1 and the number of heads H.
+HEAD_SYMBOLS = ("h", "H")
+
+
+class PerHead(BaseModel):
+    """A coefficient that is constant over tokens but differs per head: an expression in the head index h
+    (0-based) and the number of heads H, e.g. RetNet's γ_h = 1 − 2^(−5−h) (docs/language.md, "Per-head
+    constants"). The op evaluates it for the H of its inputs and fills the coefficient with it."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    expr: Any  # a sympy expression in h, H
+
+
+Coef = Literal["gate", "gate(k)", "gate(v)"] | float | PerHead
 """A coefficient: `gate` (a per-token input [B, T, H] of the op), `gate(k)` / `gate(v)` (a per-token vector
-over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), or a constant number."""
+over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), a constant number, or a per-head
+constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
@@ -269,6 +283,10 @@ class Spec(BaseModel):
                     out[GATE_OF_PARAM[param]] = value
         return out
 
+    def per_head(self) -> dict[str, PerHead]:
+        """Gate name -> per-head constant, for the coefficients written as an expression in h and H."""
+        return {g: v for g, v in self.coefficients().items() if isinstance(v, PerHead)}
+
     @property
     def has_expressions(self) -> bool:
         """Whether a parameter is an expression (custom loss, Bregman potential): only the symbolic
@@ -350,6 +368,8 @@ def format_value(v: Any) -> str:
         return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
+    if isinstance(v, PerHead):
+        return _spec_printer().doprint(v.expr)
     sympy = sys.modules.get("sympy")  # an expression exists only if sympy was imported to build it
     if sympy is not None and isinstance(v, sympy.Basic):  # a custom loss, a Bregman potential
         return _spec_printer().doprint(v)

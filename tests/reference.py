@@ -15,7 +15,8 @@ Config format (one hand-written dict per spec file in ``specs/``)::
          parallel=None | C,
          readout="token" | "chunk")   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
 
-A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
+A coefficient is a callable ``f(h, H)`` (a per-head constant: f at head h of H, the same at every token), or
+the string ``"gate"`` (read from the gates dict under its role name: ``eta``
 for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber), ``"gate(k)"`` /
 ``"gate(v)"`` (CONTRACT §6: a vector per token over the key / value channels, [B, T, H, Dk|Dv]) or a number.
 Channel-wise gates are written out as the contract states them: α, θ scale the columns (k) or rows (v)
@@ -167,7 +168,7 @@ REF_CONFIGS: dict[str, dict] = {
     "retnet": dict(
         memory=_LINEAR,
         bias=dict(kind="dot"),
-        retention=dict(kind="decay", alpha=0.96875, order="post"),
+        retention=dict(kind="decay", alpha=lambda h, H: 1 - 2.0 ** (-5 - h), order="post"),  # γ_h per head
         learner=dict(kind="gd", lr=1.0),
         parallel=None,
     ),
@@ -269,6 +270,11 @@ def _coef(value, gate_name: str, gates: dict, t: int, default: float):
     (gate(k): columns), [B, H, Dv, 1] (gate(v): rows), or a python float (constant / undeclared)."""
     if value is None:
         return default
+    if callable(value):  # a per-head constant: value(h, H) for heads h = 0..H-1, the same at every token
+        like = gates["_q"]
+        heads = like.shape[2]
+        per_head = torch.tensor([float(value(h, heads)) for h in range(heads)], dtype=like.dtype, device=like.device)
+        return per_head[None, :, None, None]
     if value == "gate":
         return gates[gate_name][:, t][..., None, None]
     if value == "gate(k)":
@@ -406,6 +412,7 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     if chunk_readout and (C is None or ret["kind"] not in ("lq", "kl")):
         raise ValueError("readout=chunk is defined for lq and kl retention under minibatch(C)")
     T = q.shape[1]
+    gates = {**gates, "_q": q}  # (its head count, dtype and device, for per-head constants)
     W = {n: state[n] for n in names}
     A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
     S = None

@@ -16,7 +16,7 @@ from .. import ir
 from .. import spec as S
 from ..explain import equations
 from . import triton_backend, triton_minibatch
-from .printers import print_block
+from .printers import TorchPrinter, print_block
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -31,6 +31,38 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     unread = spec.weights if lq_chunk else ()
     return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
+
+
+# The range each coefficient's per-head constant must lie in, as code on a tensor x, and in words.
+PER_HEAD_RANGE = {"eta": ("x >= 0", "a learning rate is >= 0"), "alpha": ("(x >= 0) & (x <= 1)", "a retention "
+                  "factor is in [0, 1]"), "theta": ("(x >= 0) & (x <= 1)", "a momentum factor is in [0, 1]"),
+                  "delta": ("x > 0", "a Huber threshold is > 0")}
+
+
+def per_head_source(spec: S.Spec) -> str:
+    """`_per_head_coefficients(H, device)`: the spec's per-head constants (docs/language.md, "Per-head constants")
+    evaluated for H heads, each [H] in float64 and checked against its coefficient's range (the compiler checked
+    H <= 64; a module may run with more heads). Empty text when the spec has none."""
+    per_head = spec.per_head()
+    if not per_head:
+        return ""
+    printer = TorchPrinter()
+    lines = ["", "", "def _per_head_coefficients(H, device):",
+             '    """The coefficients that are constant over tokens with one value per head h = 0..H-1, as the spec',
+             '    writes them in h and H: name -> [H] (float64), each checked against its range."""',
+             "    h = torch.arange(H, dtype=torch.float64, device=device)",
+             "    out = {}"]
+    for name, c in sorted(per_head.items()):
+        cond, words = PER_HEAD_RANGE[name]
+        lines += [f"    # {name}_h = {S.format_value(c)}",
+                  f"    x = torch.as_tensor({printer.doprint(c.expr)}, dtype=torch.float64, device=device).expand(H)",
+                  f"    if not bool((torch.isfinite(x) & ({cond})).all()):",
+                  f"        raise ValueError(f\"per-head {name} = {S.format_value(c)} leaves its range for H = {{H}} "
+                  f"heads\"",
+                  f"                         f\" ({words}): {{x.tolist()}}\")",
+                  f'    out["{name}"] = x']
+    lines.append("    return out")
+    return "\n".join(lines) + "\n"
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
@@ -216,14 +248,16 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     r, l = spec.retention, spec.learner
     kind, reason = chunked_form(spec, grad)
     coefs = spec.coefficients()
-    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS}
+    per_head = spec.per_head()  # filled per head by _per_head_coefficients, then like a gate
+    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS and g not in per_head}
     for g, val in S.UNDECLARED.items():
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
     flags = _flags(spec, d, kind)
     subs = _slots(spec, d, forward, grad, kind, reason, constants)
-    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
+    coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
+        + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
     subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
@@ -264,6 +298,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "layernorm": m.kind == "mlp" and m.norm == "layernorm",
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
+        "per_head": bool(spec.per_head()),
         "positive": d.positive_domain,
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
@@ -291,6 +326,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
+        "PER_HEAD": per_head_source(spec),
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
