@@ -10,6 +10,13 @@ from . import spec as S
 from .derive import Derivation
 
 
+# The feature maps of a linear memory (docs/semantics.md, "Feature maps and the normaliser").
+FEATURE_TEXT = {"elu1": "elu(x) + 1  (elementwise; Dφ = Dk)",
+                "taylor": "1 ⊕ x ⊕ (x⊗x)/√2, x⊗x kept once per pair i ≤ j (φ(q)ᵀφ(k) = 1 + qᵀk + (qᵀk)²/2; "
+                          "Dφ = 1 + Dk + Dk(Dk+1)/2)",
+                "hedgehog": "softmax([U x + c, −(U x + c)])  (U ∈ ℝ^{Dk×Dk}, c ∈ ℝ^Dk learned per head; Dφ = 2Dk)"}
+
+
 def _sym(value, gate: str) -> str:
     if isinstance(value, S.PerHead):  # constant over tokens, one value per head h
         return f"{gate}_h"
@@ -119,7 +126,10 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
 def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
-    if m.kind == "linear":
+    if m.kind == "linear" and spec.feature != "identity":
+        out.append("memory:     M_W(x) = W φ(x),  W ∈ ℝ^{Dv×Dφ}")
+        out.append(f"features:   φ(x) = {FEATURE_TEXT[spec.feature]}")
+    elif m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
         layers = " → ".join([f"h{i} = {m.act}(W{i} h{i - 1})" for i in range(1, m.depth)]
@@ -204,7 +214,13 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     elif r.kind == "bregman":
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
-    out.append("read:       o_t = M_{W_t}(q_t)")
+    if spec.normalized:
+        out.append("normaliser: z_t ∈ ℝ^{Dφ}: the same update with the value 1 (the row W would have for v = 1): "
+                   f"z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
+                   f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)")
+        out.append(f"read:       o_t = W_t φ(q_t) / (z_tᵀ φ(q_t) + eps),  eps = {S.format_value(m.eps)}")
+    else:
+        out.append("read:       o_t = M_{W_t}(q_t)")
     if chunk_readout and r.kind == "lq":
         out.append("state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "
                    "is not read: each chunk re-normalises from A")

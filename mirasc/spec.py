@@ -56,7 +56,20 @@ class Form(BaseModel):
 
 # ----------------------------------------------------------------------------------- memory
 class Linear(Form):
+    """M(x) = W φ(x). `feature`: the map φ applied to keys and queries (identity; elu1 = elu(x) + 1; taylor =
+    1 ⊕ x ⊕ x⊗x/√2, Based's second-order Taylor kernel; hedgehog = softmax([U x + c, −(U x + c)]) with U, c learned
+    per head). `normalize`: the read divides by z_t·φ(q_t) + eps with the normaliser state z_t = the same update
+    applied to a constant value 1 (z_t = Σ φ(k_s) for linear attention): docs/semantics.md, "Feature maps and the
+    normaliser"."""
+
     kind: Literal["linear"] = "linear"
+    feature: Literal["identity", "elu1", "taylor", "hedgehog"] = "identity"
+    normalize: bool = False
+    eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
+
+
+# Feature widths Dφ of a key width D (docs/semantics.md, "Feature maps and the normaliser").
+FEATURE_WIDTH = {"identity": "D", "elu1": "D", "taylor": "1 + D + D(D+1)/2", "hedgehog": "2D"}
 
 
 class MLP(Form):
@@ -288,6 +301,21 @@ class Spec(BaseModel):
         return {g: v for g, v in self.coefficients().items() if isinstance(v, PerHead)}
 
     @property
+    def feature(self) -> str:
+        """The key/query feature map of a linear memory ("identity" otherwise)."""
+        return self.memory.feature if self.memory.kind == "linear" else "identity"
+
+    @property
+    def normalized(self) -> bool:
+        """Whether the read divides by the normaliser z_t·φ(q_t) + eps."""
+        return self.memory.kind == "linear" and self.memory.normalize
+
+    @property
+    def composite(self) -> bool:
+        """A linear memory with a feature map or a normaliser: the op maps its inputs around the plain memory."""
+        return self.feature != "identity" or self.normalized
+
+    @property
     def has_expressions(self) -> bool:
         """Whether a parameter is an expression (custom loss, Bregman potential): only the symbolic
         derivation can tell whether such a spec is usable."""
@@ -353,11 +381,12 @@ class Spec(BaseModel):
 
 def form_text(form: Form) -> str:
     """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
-    `minibatch`'s `readout=token` and `l2`'s `read=key`/`erase=key`, their defaults (§3), left out so that every
-    spec written before them reads as before."""
+    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key` and `linear`'s parameters at their defaults (§3),
+    left out so that every spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
             if p != "kind" and v is not None and not (p == "readout" and v == "token")
-            and not (p in ("read", "erase") and v == "key")]
+            and not (p in ("read", "erase") and v == "key")
+            and not (form.kind == "linear" and v == type(form).model_fields[p].default)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -486,6 +515,7 @@ def check_combination(spec: Spec) -> None:
                         "use `readout=token` (the default), or retention lq or kl", param="readout")
     _check_channel_gates(spec)
     _check_generalized_delta(spec)
+    _check_composite(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -571,3 +601,38 @@ def _check_generalized_delta(spec: Spec) -> None:
             raise Rejection(field, f"`{name}=gate(v)` acts on value channels, but the generalized delta transition "
                             "W(diag(w) − a bᵀ) + v kᵀ acts on the key side (columns of W): use `gate(k)` or `gate`",
                             param=name)
+
+
+def _check_composite(spec: Spec) -> None:
+    """linear(feature=..., normalize=true): what has no defined meaning with a feature map or the normaliser, and
+    why (docs/semantics.md, "Feature maps and the normaliser")."""
+    if not spec.composite:
+        return
+    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
+    sides = {side for side in spec.gate_channels().values() if side}
+    if spec.generalized_delta:
+        raise Rejection("memory", "a feature map or normaliser with `l2(read/erase=kappa)` would need the map on κ as "
+                        "well, which is not defined here: use `linear` without them, or `bias = l2`", param="feature")
+    if "k" in sides and m.feature in ("taylor", "hedgehog"):
+        raise Rejection("memory", f"`feature={m.feature}` maps a key of width Dk to {FEATURE_WIDTH[m.feature]} "
+                        "features, and a `gate(k)` coefficient has one value per key channel, not per feature: use "
+                        "`gate` (one value per head), or feature elu1 (Dφ = Dk)", param="feature")
+    if not m.normalize:
+        if m.eps != type(m).model_fields["eps"].default:
+            raise Rejection("memory", "`eps` is the normaliser's (o = W φ(q) / (z·φ(q) + eps)); without "
+                            "`normalize=true` it has no effect: drop it or set normalize=true", param="eps")
+        return
+    why = ("the normaliser z_t is the memory's update applied to the constant value 1 (z_t = Σ φ(k_s) for linear "
+           "attention), defined for the Hebbian write")
+    if b.kind != "dot":
+        raise Rejection("memory", f"`normalize=true` with `bias = {b.kind}`: {why} (`bias = dot`), not for a loss that "
+                        "reads the memory; drop normalize, or use bias dot", param="normalize")
+    if r.kind not in ("none", "decay"):
+        raise Rejection("memory", f"`normalize=true` with `retention = {r.kind}`: {why} and a linear retention "
+                        "(none or decay); this one mixes the normaliser with the values", param="normalize")
+    if l.kind != "gd":
+        raise Rejection("memory", f"`normalize=true` with `learner = {l.kind}`: {why} by gd; use `learner = gd`",
+                        param="normalize")
+    if "v" in sides:
+        raise Rejection("memory", "`normalize=true` with a `gate(v)` coefficient: the normaliser has no value "
+                        "channel for it to scale; use `gate` or `gate(k)`", param="normalize")

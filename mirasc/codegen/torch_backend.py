@@ -29,7 +29,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
-    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+    layer = preprocess(LAYER, {"composite": spec.composite, "normalize": spec.normalized})
+    return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
@@ -299,6 +300,11 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
         "per_head": bool(spec.per_head()),
+        "composite": spec.composite,
+        "normalize": spec.normalized,
+        "feature_elu1": spec.feature == "elu1",
+        "feature_taylor": spec.feature == "taylor",
+        "hedgehog": spec.feature == "hedgehog",
         "positive": d.positive_domain,
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
@@ -327,6 +333,11 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "PER_HEAD": per_head_source(spec),
+        "APPLY": "_apply_memory" if spec.composite else "apply",
+        "INIT_STATE": "_init_memory_state" if spec.composite else "init_state",
+        "FEATURE": spec.feature,
+        "NORMALIZE": repr(spec.normalized),
+        "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
