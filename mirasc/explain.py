@@ -9,7 +9,6 @@ import sympy as sp
 from . import spec as S
 from .derive import Derivation
 
-
 # The feature maps of a linear memory (docs/semantics.md, "Feature maps and the normaliser").
 FEATURE_TEXT = {"elu1": "elu(x) + 1  (elementwise; Dφ = Dk)",
                 "taylor": "1 ⊕ x ⊕ (x⊗x)/√2, x⊗x kept once per pair i ≤ j (φ(q)ᵀφ(k) = 1 + qᵀk + (qᵀk)²/2; "
