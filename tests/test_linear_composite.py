@@ -1,4 +1,4 @@
-"""Composite linear memories (issue 12 item 6): per-head constant coefficients.
+"""Composite linear memories (issue 12 item 6): per-head constant coefficients, feature maps and the normaliser.
 
 Per-head constants (docs/language.md, "Per-head constants"): a coefficient written as an expression in the head
 index h and the head count H, e.g. RetNet's γ_h = 1 − 2^(−5−h). Checked here: parsing, the canonical round trip,
@@ -8,6 +8,14 @@ states and every gradient, recurrent and chunked) and ALiBi (a nonparametric mem
 softmax attention with the linear bias −m_h (t − s) written out. RetNet against flash-linear-attention's
 naive_retention (every head) is in tests/test_peers_fla.py; the Triton kernels against torch in
 tests/test_triton_chunked.py and tests/test_triton_recurrent.py (both include retnet).
+
+Feature maps and the normaliser (docs/semantics.md, "Feature maps and the normaliser"): linear(feature=elu1 |
+taylor | hedgehog, normalize=true). The bundled specs (linear_attention_elu, based) are in tests/test_semantics.py
+against the float64 reference; here: every map with and without the normaliser, with a decay gate, against a token
+loop written out below (outputs, final W and z, gradients of q, k, v, the gates, the initial state and Hedgehog's
+parameters), against flash-linear-attention (naive_recurrent_linear_attn with normalize=True on elu+1, Taylor and
+Hedgehog features from fla.modules.feature_map; naive_parallel_based; Based against the quadratic nonparametric
+poly kernel), Layer.step against Layer.forward, the Triton kernels under the interpreter, and the rejections.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from reference import make_inputs, make_state, reference_apply, rel
 
 import mirasc
 from mirasc.frontend import SpecError, parse_text
+
+F = torch.nn.functional
 
 ROOT = Path(__file__).resolve().parents[1]
 D64 = torch.float64
@@ -110,3 +120,193 @@ def test_alibi_is_softmax_attention_with_a_linear_bias_per_head():
         theirs = torch.autograd.grad(ref.square().sum(), (q, k, v), retain_graph=True)
         for a, b in zip(ours, theirs):
             assert rel(a, b) < 1e-10
+
+
+# ------------------------------------------------------------------------------ feature maps and the normaliser
+def feature_spec(feature, normalize, eps=None, retention="decay(alpha=gate)", lr="gate"):
+    extra = f", eps={eps}" if eps is not None else ""
+    return (f"model m {{ memory = linear(feature={feature}, normalize={str(normalize).lower()}{extra})\n bias = dot\n"
+            f" retention = {retention}\n learner = gd(lr={lr}) }}")
+
+
+def phi(feature, x, U=None, c=None):
+    """The feature maps as docs/semantics.md states them (Taylor as explicit pairs i <= j, row-major)."""
+    if feature == "elu1":
+        return F.elu(x) + 1
+    if feature == "taylor":
+        D = x.shape[-1]
+        cross = [x[..., i] * x[..., j] for i in range(D) for j in range(i + 1, D)]
+        return torch.cat([torch.ones_like(x[..., :1]), x, x * x / math.sqrt(2), torch.stack(cross, -1)], -1)
+    u = torch.einsum("bthd,hed->bthe", x, U) + c  # hedgehog: U [H, D, D], c [H, D]
+    return torch.softmax(torch.cat([u, -u], -1), -1)
+
+
+def token_loop(feature, normalize, eps, q, k, v, eta, alpha, W0, z0, U=None, c=None):
+    """W_t = α_t W_{t-1} + η_t v_t φ(k_t)ᵀ, z_t = α_t z_{t-1} + η_t φ(k_t), o_t = W_t φ(q_t) [/ (z_tᵀφ(q_t) + eps)]."""
+    fq, fk = phi(feature, q, U, c), phi(feature, k, U, c)
+    W, z, outs = W0, z0[:, :, 0], []
+    for t in range(q.shape[1]):
+        a, e = alpha[:, t, :, None, None], eta[:, t, :, None, None]
+        W = a * W + e * v[:, t, :, :, None] * fk[:, t, :, None, :]
+        z = a[..., 0] * z + e[..., 0] * fk[:, t]
+        o = torch.einsum("bhvf,bhf->bhv", W, fq[:, t])
+        outs.append(o / ((z * fq[:, t]).sum(-1, keepdim=True) + eps) if normalize else o)
+    return torch.stack(outs, 1), W, z[:, :, None]
+
+
+@pytest.mark.parametrize("feature", ["elu1", "taylor", "hedgehog"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_feature_maps_match_the_token_loop(feature, normalize):
+    mod = mirasc.compile_spec(feature_spec(feature, normalize))
+    B, T, H, Dk, Dv = 2, 9, 2, 4, 3
+    Df = mod.feature_dim(Dk)
+    assert Df == {"elu1": Dk, "taylor": 1 + Dk + Dk * (Dk + 1) // 2, "hedgehog": 2 * Dk}[feature]
+    g = torch.Generator().manual_seed(5)
+    rnd = lambda *shape: torch.randn(*shape, generator=g, dtype=D64)  # noqa: E731
+    leaves = dict(q=rnd(B, T, H, Dk), k=rnd(B, T, H, Dk), v=rnd(B, T, H, Dv),
+                  eta=0.1 + 0.8 * torch.rand(B, T, H, generator=g, dtype=D64),
+                  alpha=0.8 + 0.2 * torch.rand(B, T, H, generator=g, dtype=D64),
+                  W0=0.3 * rnd(B, H, Dv, Df), z0=torch.rand(B, H, 1, Df, generator=g, dtype=D64))
+    if feature == "hedgehog":
+        leaves.update(U=torch.eye(Dk, dtype=D64) + 0.3 * rnd(H, Dk, Dk), c=0.3 * rnd(H, Dk))
+    for x in leaves.values():
+        x.requires_grad_(True)
+    x = leaves
+    params = {"feature_U": x["U"], "feature_c": x["c"]} if feature == "hedgehog" else None
+    ref_o, ref_W, ref_z = token_loop(feature, normalize, 1e-6, x["q"], x["k"], x["v"], x["eta"], x["alpha"], x["W0"],
+                                     x["z0"], x.get("U"), x.get("c"))
+    used = [n for n in leaves if normalize or n != "z0"]
+    for algorithm in ("recurrent", "chunked"):
+        state = {"W": x["W0"], "z": x["z0"]} if normalize else {"W": x["W0"]}
+        o, fin = mod.apply(x["q"], x["k"], x["v"], {"eta": x["eta"], "alpha": x["alpha"]}, state=state,
+                           params=params, algorithm=algorithm, chunk_size=4)
+        assert rel(o, ref_o) < 1e-12 and rel(fin["W"], ref_W) < 1e-12
+        loss = o.square().sum() + fin["W"].sum()
+        ref_loss = ref_o.square().sum() + ref_W.sum()
+        if normalize:
+            assert rel(fin["z"], ref_z) < 1e-12
+            loss, ref_loss = loss + fin["z"].square().sum(), ref_loss + ref_z.square().sum()
+        ours = torch.autograd.grad(loss, [leaves[n] for n in used])
+        ref = torch.autograd.grad(ref_loss, [leaves[n] for n in used], retain_graph=True)
+        for n, a, b in zip(used, ours, ref):
+            assert rel(a, b) < 1e-10, n
+
+
+@pytest.fixture(scope="module")
+def fla():
+    pytest.importorskip("fla")
+    import importlib
+
+    names = {"linear_attn": "ops.linear_attn.naive", "based": "ops.based.naive", "feature_map": "modules.feature_map"}
+    return {key: importlib.import_module("fla." + path) for key, path in names.items()}
+
+
+def _fla_inputs(B=2, T=20, H=2, Dk=8, Dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, T, H, d, generator=g).requires_grad_(True) for d in (Dk, Dk, Dv))
+
+
+def _compare(ours, theirs, leaves, tol=1e-5):
+    o, o_ref = ours[0], theirs[0]
+    assert rel(o, o_ref) < tol
+    for a, b in zip(ours[1:], theirs[1:]):
+        assert rel(a, b) < tol
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(o.shape, generator=gen)
+    grads = []
+    for out in (o, o_ref):  # .backward: FLA's Taylor map is a reentrant checkpoint, which autograd.grad refuses
+        for x in leaves:
+            x.grad = None
+        (out * do).sum().backward(retain_graph=True)
+        grads.append([x.grad.clone() for x in leaves])
+    for a, b in zip(*grads):
+        assert rel(a, b) < 1e-4
+
+
+@pytest.mark.parametrize("feature", ["elu1", "taylor", "hedgehog"])
+def test_normalised_linear_attention_vs_fla(fla, feature):
+    """FLA's linear attention with normalize=True on the features of fla.modules.feature_map: its op takes the
+    mapped q, k (scale 1) and divides by q·Σk + 1e-10. Taylor: FLA's map scales x by Dk^(-1/4) first (our q, k
+    are passed as x·Dk^(-1/4)), its coordinates are ours. Hedgehog: FLA's map is softmax([2(Ax + b), −2(Ax + b)])
+    with one Linear shared by the heads: U = 2A, c = 2b on every head."""
+    q, k, v = _fla_inputs()
+    B, T, H, Dk = q.shape
+    mod = mirasc.compile_spec(feature_spec(feature, True, eps=1e-10, retention="none", lr="1"))
+    params, scale = None, 1.0
+    if feature == "elu1":
+        fmap = lambda x: F.elu(x) + 1  # noqa: E731  (FLA's linear attention layer's elu feature map)
+    elif feature == "taylor":
+        fmap, scale = fla["feature_map"].TaylorFeatureMap(Dk), Dk ** -0.25
+    else:
+        fmap = fla["feature_map"].HedgehogFeatureMap(Dk)
+        with torch.no_grad():
+            fmap.layer.weight.add_(0.3 * torch.randn(Dk, Dk, generator=torch.Generator().manual_seed(2)))
+            fmap.layer.bias.normal_(0, 0.3, generator=torch.Generator().manual_seed(3))
+        params = {"feature_U": 2 * fmap.layer.weight.detach().expand(H, Dk, Dk),
+                  "feature_c": 2 * fmap.layer.bias.detach().expand(H, Dk)}
+    o_ref, (S, z) = fla["linear_attn"].naive_recurrent_linear_attn(fmap(q), fmap(k), v, scale=1.0, normalize=True,
+                                                             output_final_state=True)
+    o, fin = mod.apply(q * scale, k * scale, v, params=params)
+    _compare((o, fin["W"], fin["z"][:, :, 0]), (o_ref, S.transpose(-1, -2), z[:, 0]), (q, k, v))
+
+
+def test_based_vs_fla_parallel_and_the_poly_kernel(fla):
+    """specs/based.miras (linear time) = FLA's naive_parallel_based (quadratic; q scaled by Dk^(-1/2) inside, 1 + s +
+    s²/2, divided by the row sum + 1e-6) = the nonparametric poly kernel of degree 2 (no eps)."""
+    q, k, v = _fla_inputs(T=24)
+    Dk = q.shape[-1]
+    mod = mirasc.compile_spec(ROOT / "specs" / "based.miras")
+    for algorithm in ("recurrent", "chunked"):
+        o, _ = mod.apply(q * Dk ** -0.5, k, v, algorithm=algorithm, chunk_size=8)
+        ref = fla["based"].naive_parallel_based(*(x.transpose(1, 2) for x in (q, k, v)), use_norm=True)
+        _compare((o,), (ref.transpose(1, 2),), (q, k, v))
+    poly = mirasc.compile_spec("model p { memory = nonparametric(kernel=poly, degree=2) }")
+    o_poly, _ = poly.apply(q, k, v)
+    o, _ = mod.apply(q * Dk ** -0.5, k, v)
+    assert rel(o, o_poly) < 1e-5
+
+
+def test_layer_step_matches_forward_with_features_and_normaliser():
+    mod = mirasc.compile_spec(feature_spec("hedgehog", True))
+    layer = mod.Layer(16, 2).double()
+    assert set(layer.read_params) == {"feature_U", "feature_c"} and set(layer.initial) == {"W", "z"}
+    x = torch.randn(2, 6, 16, dtype=D64)
+    y = layer(x)
+    cache = layer.init_cache(2)
+    steps = []
+    for t in range(6):
+        y_t, cache = layer.step(x[:, t], cache)
+        steps.append(y_t)
+    assert rel(torch.stack(steps, 1), y) < 1e-12
+
+
+@pytest.mark.parametrize("feature", ["elu1", "taylor"])
+def test_triton_kernels_on_features_and_normaliser(feature):
+    """The Triton kernels see φ(q), φ(k) and [v, 1] (TRITON_INTERPRET=1 on the CPU): recurrent and chunked, fp32."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(feature_spec(feature, True))
+    B, T, H, Dk, Dv = 1, 20, 2, 4, 4
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(B, T, H, d, generator=g).requires_grad_(True) for d in (Dk, Dk, Dv))
+    gates = {"eta": 0.1 + 0.8 * torch.rand(B, T, H, generator=g), "alpha": 0.8 + 0.2 * torch.rand(B, T, H, generator=g)}
+    o_ref, fin_ref = mod.apply(q, k, v, gates, backend="torch", algorithm="recurrent")
+    g_ref = torch.autograd.grad(o_ref.square().sum(), (q, k, v))
+    for algorithm in ("recurrent", "chunked"):
+        o, fin = mod.apply(q, k, v, gates, backend="triton", algorithm=algorithm, chunk_size=16)
+        assert rel(o, o_ref) < 1e-4 and rel(fin["W"], fin_ref["W"]) < 1e-4 and rel(fin["z"], fin_ref["z"]) < 1e-4
+        for a, b in zip(torch.autograd.grad(o.square().sum(), (q, k, v)), g_ref):
+            assert rel(a, b) < 1e-4
+
+
+@pytest.mark.parametrize("text,message", [
+    ("memory = linear(feature=taylor, normalize=true)\n bias = l2", "defined for the Hebbian write"),
+    ("memory = linear(normalize=true)\n bias = dot\n learner = momentum", "by gd"),
+    ("memory = linear(normalize=true)\n bias = dot\n retention = lq(q=4)", "linear retention"),
+    ("memory = linear(feature=hedgehog)\n bias = dot\n learner = gd(lr=gate(k))", "not per feature"),
+    ("memory = linear(feature=elu1, eps=0.1)\n bias = dot", "`eps` is the normaliser's"),
+    ("memory = linear(feature=elu1)\n bias = l2(read=kappa)", "the map on κ"),
+])
+def test_composite_rejections(text, message):
+    with pytest.raises(SpecError) as err:
+        parse_text(f"model m {{ {text} }}")
+    assert message in str(err.value) and "illegal combination" in str(err.value)
