@@ -45,13 +45,13 @@ _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha 
         "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "Π": r"\prod ", "‖": r"\|",
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
-        "×": r"\times ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
+        "×": r"\times ", "⊕": r"\oplus ", "⊗": r"\otimes ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
         "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots "}
 # words that are functions (upright operators; those with their own macro first)
 _MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
 _OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
               "acosh", "atan", "abs", "prox", "read", "LayerNorm", "RMSNorm", "act"}
-_SYMBOLS = {"Dk": "D_k", "Dv": "D_v", "Tk": "T_k", "eps": r"\epsilon ", "scale": r"\mathrm{scale}"}
+_SYMBOLS = {"Dk": "D_k", "Dv": "D_v", "Dφ": r"D_\phi ", "Tk": "T_k", "eps": r"\epsilon ", "scale": r"\mathrm{scale}"}
 _TOKEN = re.compile(r"[A-Za-z]+\d*|\x02[^\x03]*\x03|\s+|.", re.S)
 
 
