@@ -180,6 +180,13 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr=1.0),
         parallel=None,
     ),
+    "momentum_deltanet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="momentum", lr="gate", theta="gate"),
+        parallel=None,
+    ),
     "retnet": dict(
         memory=_LINEAR,
         bias=dict(kind="dot"),

@@ -16,6 +16,11 @@ loop written out below (outputs, final W and z, gradients of q, k, v, the gates,
 parameters), against flash-linear-attention (naive_recurrent_linear_attn with normalize=True on elu+1, Taylor and
 Hedgehog features from fla.modules.feature_map; naive_parallel_based; Based against the quadratic nonparametric
 poly kernel), Layer.step against Layer.forward, the Triton kernels under the interpreter, and the rejections.
+
+The chunked momentum delta rule (linear + l2 + momentum, docs/semantics.md "Equivalent forms"): the bundled
+specs/momentum_deltanet.miras is in tests/test_semantics.py (chunked vs recurrent vs the float64 reference, with
+gradients) and in tests/test_fla_mappings.py (FLA's momentum_delta_rule with p = k); here the other retentions
+(order=pre, none, a per-head constant) against the float64 reference with gradients, across chunk sizes.
 """
 
 from __future__ import annotations
@@ -310,3 +315,51 @@ def test_composite_rejections(text, message):
     with pytest.raises(SpecError) as err:
         parse_text(f"model m {{ {text} }}")
     assert message in str(err.value) and "illegal combination" in str(err.value)
+
+
+# ------------------------------------------------------------------------------ chunked momentum delta rule
+@pytest.mark.parametrize("retention,theta", [
+    ("decay(alpha=gate, order=pre)", "gate"),
+    ("none", "gate"),
+    ("decay(alpha=1 - 2^(-3 - h))", "0.9"),   # a per-head decay and a constant θ
+])
+def test_momentum_delta_chunked_matches_the_float64_reference(retention, theta):
+    text = (f"model m {{ memory = linear\n bias = l2\n retention = {retention}\n"
+            f" learner = momentum(lr=gate, theta={theta}) }}")
+    mod = mirasc.compile_spec(text)
+    assert mod.CHUNKED
+    spec = parse_text(text)
+    r, th = spec.retention, spec.learner.theta
+    per_head = r.kind == "decay" and not isinstance(r.alpha, str)
+    per_head_alpha = (lambda h, H: 1 - 2.0 ** (-3 - h)) if per_head else "gate"
+    cfg = dict(memory=dict(kind="linear"), bias=dict(kind="l2"), parallel=None,
+               retention=dict(kind="none") if r.kind == "none" else dict(kind="decay", alpha=per_head_alpha,
+                                                                          order=r.order),
+               learner=dict(kind="momentum", lr="gate", theta="gate" if th == "gate" else float(th)))
+    B, T, H, Dk, Dv = 2, 19, 3, 4, 5
+    q, k, v, gates = make_inputs(cfg, B, T, H, Dk, Dv)
+    state = make_state(cfg, B, H, Dk, Dv)
+    state["S_W"] = 0.05 * torch.randn(state["S_W"].shape, generator=torch.Generator().manual_seed(4), dtype=D64)
+    names = sorted(gates)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, state["W"], state["S_W"], *(gates[n] for n in names))]
+    lg = dict(zip(names, leaves[5:]))
+    st = {"W": leaves[3], "S_W": leaves[4]}
+    o_ref, f_ref = reference_apply(cfg, *leaves[:3], lg, st)
+    w = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(5), dtype=D64)
+    ref_grads = torch.autograd.grad((o_ref * w).sum() + f_ref["W"].sum() + f_ref["S_W"].square().sum(), leaves)
+    for chunk in (1, 5, 64):
+        o, fin = mod.apply(*leaves[:3], lg, state=st, algorithm="chunked", chunk_size=chunk)
+        assert rel(o, o_ref) < 1e-12 and rel(fin["W"], f_ref["W"]) < 1e-12 and rel(fin["S_W"], f_ref["S_W"]) < 1e-12
+        grads = torch.autograd.grad((o * w).sum() + fin["W"].sum() + fin["S_W"].square().sum(), leaves)
+        for a, b in zip(grads, ref_grads):
+            assert rel(a, b) < 1e-10
+
+
+def test_momentum_delta_with_channel_gates_has_no_chunked_form():
+    mod = mirasc.compile_spec("model m { memory = linear\n bias = l2\n retention = decay(alpha=gate(k))\n"
+                              " learner = momentum(lr=gate, theta=gate) }")
+    assert not mod.CHUNKED
+    q = torch.randn(1, 4, 1, 3)
+    with pytest.raises(ValueError, match="scalar 2x2 factors"):
+        mod.apply(q, q, q, {"eta": torch.rand(1, 4, 1), "alpha": torch.rand(1, 4, 1, 3), "theta": torch.rand(1, 4, 1)},
+                  algorithm="chunked")

@@ -123,6 +123,13 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return "minibatch", ""  # e.g. Hebbian: the gradient never reads the state, any chunking is exact
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
+    if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.kind in ("none", "decay"):
+        if any(channels.values()):
+            return None, ("the momentum delta rule's chunk form carries W and S as one state [W, S] whose per-token "
+                          "transition mixes them through scalar 2x2 factors (α, θ); a channel-wise gate makes "
+                          "those factors per channel, and no chunked form is derived for it: use gates per head "
+                          "or algorithm='recurrent'")
+        return "momentum_delta", ""
     return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
                   f"{r.kind} retention) reads the state the previous token left, and no exact chunked form is "
                   "derived for that combination; parallel=minibatch(C) has one")
@@ -308,6 +315,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "positive": d.positive_domain,
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
+        "chunk_momentum_delta": kind == "momentum_delta",
         "channel_minibatch": kind == "minibatch" and bool(channel_decay),
         "channel_delta": kind == "delta" and spec.channel_gates,
         "channel_chunks": (kind is not None and spec.channel_gates) or kind == "gdelta",
@@ -417,6 +425,8 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
     algos = {"minibatch": "chunked = mini-batch dual form (prefix sums of rank-1 updates, masked matmuls)",
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
              "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
+             "momentum_delta": "chunked = momentum delta chunk form (the state [W, S] under 2x2 scalar transitions, "
+                               "one unit-triangular solve per chunk)",
              None: f"chunked: not available ({reason})"}[kind]
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
     return (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
