@@ -363,3 +363,18 @@ def test_momentum_delta_with_channel_gates_has_no_chunked_form():
     with pytest.raises(ValueError, match="scalar 2x2 factors"):
         mod.apply(q, q, q, {"eta": torch.rand(1, 4, 1), "alpha": torch.rand(1, 4, 1, 3), "theta": torch.rand(1, 4, 1)},
                   algorithm="chunked")
+
+
+def test_alibi_on_the_flash_triton_kernel():
+    """The per-head decay reaches the flash kernel as its log-decay input (TRITON_INTERPRET=1 on the CPU, fp32)."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec("model alibi { memory = nonparametric(kernel=softmax)\n"
+                              " retention = decay(alpha=exp(-2^(-8*(h + 1)/H))) }")
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 16, 2, 16, generator=g, requires_grad=True) for _ in range(3))
+    o_ref, _ = mod.apply(q, k, v, backend="torch")
+    o, _ = mod.apply(q, k, v, backend="triton")
+    assert rel(o, o_ref) < 1e-5
+    ours = torch.autograd.grad(o.square().sum(), (q, k, v))
+    for a, b in zip(ours, torch.autograd.grad(o_ref.square().sum(), (q, k, v))):
+        assert rel(a, b) < 1e-4
