@@ -275,6 +275,7 @@ def test_layer_step_matches_forward_with_features_and_normaliser():
     mod = mirasc.compile_spec(feature_spec("hedgehog", True))
     layer = mod.Layer(16, 2).double()
     assert set(layer.read_params) == {"feature_U", "feature_c"} and set(layer.initial) == {"W", "z"}
+    assert all(p.is_contiguous() for p in layer.initial.values())  # (safetensors, the Hugging Face export, need it)
     x = torch.randn(2, 6, 16, dtype=D64)
     y = layer(x)
     cache = layer.init_cache(2)
