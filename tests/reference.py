@@ -187,6 +187,13 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="momentum", lr="gate", theta="gate"),
         parallel=None,
     ),
+    "hedgehog": dict(
+        memory=dict(kind="linear", feature="hedgehog", normalize=1e-6),
+        bias=dict(kind="dot"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
     "retnet": dict(
         memory=_LINEAR,
         bias=dict(kind="dot"),
@@ -249,7 +256,7 @@ REF_CONFIGS: dict[str, dict] = {
 
 def feature_map(kind: str | None, x: Tensor) -> Tensor:
     """φ(x) over the last axis (docs/semantics.md, "Feature maps and the normaliser"): elu1 = elu(x) + 1; taylor =
-    [1, x_1..x_D, x_1²/√2..x_D²/√2, then x_i x_j for i < j in row-major order]."""
+    [1, x_1..x_D, x_1²/√2..x_D²/√2, then x_i x_j for i < j in row-major order]; hedgehog at U = I, c = 0."""
     if kind in (None, "identity"):
         return x
     if kind == "elu1":
@@ -259,6 +266,8 @@ def feature_map(kind: str | None, x: Tensor) -> Tensor:
         pairs = [x[..., i] * x[..., j] for i in range(D) for j in range(i + 1, D)]
         cross = torch.stack(pairs, dim=-1) if pairs else x[..., :0]
         return torch.cat([torch.ones_like(x[..., :1]), x, x * x / math.sqrt(2.0), cross], dim=-1)
+    if kind == "hedgehog":  # at the op's default parameters U = I, c = 0: softmax([x, −x])
+        return torch.softmax(torch.cat([x, -x], dim=-1), dim=-1)
     raise ValueError(f"unknown feature map {kind!r}")
 
 
