@@ -303,3 +303,17 @@ def test_readout_values(tmp_path, capsys):
     chunk = mirasc.parse_file(SPECS / "moneta.miras")
     assert "minibatch(C=64, readout=chunk)" in chunk.canonical()
     assert mirasc.compile_spec(chunk.canonical()).SPEC == chunk.canonical()
+
+
+@pytest.mark.parametrize("q", [1.5, 4.0])
+def test_lq_default_state_reads_the_mlp_draw(q):
+    """The default accumulator is the A whose readout A / ‖A‖_q^(q-2) is the usual MLP draw N(0, 1/fan_in): the
+    same weights Titans starts from (same shapes, same seed), not a draw shrunk or grown by the q-norm."""
+    moneta = mirasc.compile_spec((SPECS / "moneta.miras").read_text().replace("q=4", f"q={q}"))
+    titans = mirasc.compile_spec((SPECS / "titans.miras").read_text())
+    mine, theirs = moneta.init_state(1, 2, 8, 8, dtype=f64), titans.init_state(1, 2, 8, 8, dtype=f64)
+    for name in ("W1", "W2"):
+        assert rel(mine[name], theirs[name]) < 1e-12, name
+        a = mine["A_" + name]
+        norm = a.abs().pow(q).sum((-2, -1), keepdim=True).pow(1 / q)
+        assert rel(a / norm ** (q - 2), theirs[name]) < 1e-12, name

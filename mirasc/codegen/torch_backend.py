@@ -244,7 +244,11 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines = ["    Linear memory: W = 0 (an empty memory)."]
     else:
         lines = ["    MLP memory: every W_i ~ N(0, 1/fan_in)."]
-    if r.kind in ("lq", "elastic"):
+    if r.kind == "lq" and float(r.q) != 3.0:
+        lines.append("    W_i is drawn as above and the accumulator is A_i = W_i·‖W_i‖_q^((q-2)/(3-q)),")
+        lines.append("    the A whose readout A / ‖A‖_q^(q-2) is W_i (the readout scales as s^(3-q) when A does;")
+        lines.append("    a linear memory stays 0).")
+    elif r.kind in ("lq", "elastic"):
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
     if spec.learner.kind == "momentum":
         lines.append("    Momentum buffers S_i start at 0.")
