@@ -197,6 +197,28 @@ def test_feature_maps_match_the_token_loop(feature, normalize):
             assert rel(a, b) < 1e-10, n
 
 
+def test_normaliser_with_key_channel_gates():
+    """decay(alpha=gate(k)), lr=gate(k) on elu1 features: W_t = W_{t-1} diag(α_t) + v_t (η_t ⊙ φ(k_t))ᵀ and
+    z_t = z_{t-1} ⊙ α_t + η_t ⊙ φ(k_t) (docs/semantics.md), recurrent and chunked."""
+    mod = mirasc.compile_spec("model m { memory = linear(feature=elu1, normalize=true)\n bias = dot\n"
+                              " retention = decay(alpha=gate(k))\n learner = gd(lr=gate(k)) }")
+    B, T, H, D, Dv = 2, 11, 2, 4, 3
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, T, H, d, generator=g, dtype=D64) for d in (D, D, Dv))
+    alpha = 0.8 + 0.2 * torch.rand(B, T, H, D, generator=g, dtype=D64)
+    eta = torch.rand(B, T, H, D, generator=g, dtype=D64)
+    fq, fk = F.elu(q) + 1, F.elu(k) + 1
+    W, z, outs = torch.zeros(B, H, Dv, D, dtype=D64), torch.zeros(B, H, D, dtype=D64), []
+    for t in range(T):
+        W = W * alpha[:, t, :, None, :] + v[:, t, :, :, None] * (eta[:, t] * fk[:, t])[:, :, None, :]
+        z = z * alpha[:, t] + eta[:, t] * fk[:, t]
+        outs.append(torch.einsum("bhvd,bhd->bhv", W, fq[:, t]) / ((z * fq[:, t]).sum(-1, keepdim=True) + 1e-6))
+    ref = torch.stack(outs, 1)
+    for algorithm in ("recurrent", "chunked"):
+        o, fin = mod.apply(q, k, v, {"eta": eta, "alpha": alpha}, algorithm=algorithm, chunk_size=4)
+        assert rel(o, ref) < 1e-12 and rel(fin["W"], W) < 1e-12 and rel(fin["z"][:, :, 0], z) < 1e-12
+
+
 @pytest.fixture(scope="module")
 def fla():
     pytest.importorskip("fla")
