@@ -11,9 +11,8 @@ from .derive import Derivation
 
 # The feature maps of a linear memory (docs/semantics.md, "Feature maps and the normaliser").
 FEATURE_TEXT = {"elu1": "elu(x) + 1  (elementwise; Dφ = Dk)",
-                "taylor": "1 ⊕ x ⊕ (x⊗x)/√2, x⊗x kept once per pair i ≤ j (φ(q)ᵀφ(k) = 1 + qᵀk + (qᵀk)²/2; "
-                          "Dφ = 1 + Dk + Dk(Dk+1)/2)",
-                "hedgehog": "softmax([U x + c, −(U x + c)])  (U ∈ ℝ^{Dk×Dk}, c ∈ ℝ^Dk learned per head; Dφ = 2Dk)"}
+                "taylor": "1 ⊕ x ⊕ (x⊗x)/√2, pairs i ≤ j once: φ(q)ᵀφ(k) = 1 + qᵀk + (qᵀk)²/2",
+                "hedgehog": "softmax([U x + c, −(U x + c)])  (U, c learned per head; Dφ = 2Dk)"}
 
 
 def _sym(value, gate: str) -> str:
@@ -214,9 +213,8 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
     if spec.normalized:
-        out.append("normaliser: z_t ∈ ℝ^{Dφ}: the same update with the value 1 (the row W would have for v = 1): "
-                   f"z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
-                   f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)")
+        out.append(f"normaliser: z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
+                   f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)  (W's row for the value 1)")
         out.append(f"read:       o_t = W_t φ(q_t) / (z_tᵀ φ(q_t) + eps),  eps = {S.format_value(m.eps)}")
     else:
         out.append("read:       o_t = M_{W_t}(q_t)")
