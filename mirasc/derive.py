@@ -59,7 +59,8 @@ class Derivation:
 
 
 def coef(value, gate_symbol: sp.Symbol) -> sp.Expr:
-    return gate_symbol if value in S.GATE_FORMS else sp.Float(value)
+    # a per-head constant reaches the update as a coefficient tensor, like a gate
+    return gate_symbol if value in S.GATE_FORMS or isinstance(value, S.PerHead) else sp.Float(value)
 
 
 def derive(spec: S.Spec) -> Derivation:

@@ -9,8 +9,15 @@ import sympy as sp
 from . import spec as S
 from .derive import Derivation
 
+# The feature maps of a linear memory (docs/semantics.md, "Feature maps and the normaliser").
+FEATURE_TEXT = {"elu1": "elu(x) + 1  (elementwise; Dφ = Dk)",
+                "taylor": "1 ⊕ x ⊕ (x⊗x)/√2, pairs i ≤ j once: φ(q)ᵀφ(k) = 1 + qᵀk + (qᵀk)²/2",
+                "hedgehog": "softmax([U x + c, −(U x + c)])  (U, c learned per head; Dφ = 2Dk)"}
+
 
 def _sym(value, gate: str) -> str:
+    if isinstance(value, S.PerHead):  # constant over tokens, one value per head h
+        return f"{gate}_h"
     return f"{gate}_t" if value in S.GATE_FORMS else S.format_value(value)
 
 
@@ -37,13 +44,13 @@ _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha 
         "φ": r"\phi ", "δ": r"\delta ", "κ": r"\kappa ", "λ": r"\lambda ", "Σ": r"\sum ", "Π": r"\prod ", "‖": r"\|",
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
-        "×": r"\times ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
+        "×": r"\times ", "⊕": r"\oplus ", "⊗": r"\otimes ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
         "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots "}
 # words that are functions (upright operators; those with their own macro first)
 _MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
 _OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
               "acosh", "atan", "abs", "prox", "read", "LayerNorm", "RMSNorm", "act"}
-_SYMBOLS = {"Dk": "D_k", "Dv": "D_v", "Tk": "T_k", "eps": r"\epsilon ", "scale": r"\mathrm{scale}"}
+_SYMBOLS = {"Dk": "D_k", "Dv": "D_v", "Dφ": r"D_\phi ", "Tk": "T_k", "eps": r"\epsilon ", "scale": r"\mathrm{scale}"}
 _TOKEN = re.compile(r"[A-Za-z]+\d*|\x02[^\x03]*\x03|\s+|.", re.S)
 
 
@@ -108,13 +115,19 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
     lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory, spec.retention)
+    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ"}
+    lines += [f"per head:   {greek[g]}_h = {_show(c.expr, latex) if latex else S.format_value(c)}  "
+              "(constant over tokens; head h = 0..H−1 of H)" for g, c in spec.per_head().items()]
     return [latex_line(line) for line in lines] if latex else lines
 
 
 def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
-    if m.kind == "linear":
+    if m.kind == "linear" and spec.feature != "identity":
+        out.append("memory:     M_W(x) = W φ(x),  W ∈ ℝ^{Dv×Dφ}")
+        out.append(f"features:   φ(x) = {FEATURE_TEXT[spec.feature]}")
+    elif m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
         layers = " → ".join([f"h{i} = {m.act}(W{i} h{i - 1})" for i in range(1, m.depth)]
@@ -204,7 +217,12 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"steps:      token t runs the lines above {spec.steps} times, j = 1..{spec.steps}, with "
                    f"(k_{{t,j}}, v_{{t,j}}, η_{{t,j}}) at the state sub-step j − 1 left{alpha}; "
                    "o_t reads the last")
-    out.append("read:       o_t = M_{W_t}(q_t)")
+    if spec.normalized:
+        out.append(f"normaliser: z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
+                   f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)  (W's row for the value 1)")
+        out.append(f"read:       o_t = W_t φ(q_t) / (z_tᵀ φ(q_t) + eps),  eps = {S.format_value(m.eps)}")
+    else:
+        out.append("read:       o_t = M_{W_t}(q_t)")
     if chunk_readout and r.kind == "lq":
         out.append("state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "
                    "is not read: each chunk re-normalises from A")
@@ -243,7 +261,8 @@ def _nonparametric(m: S.Nonparametric, r=None) -> list[str]:
             out.append(f"head mix:   a^h ← Σ_g M_hg a^g within groups of {m.head_mix} heads (learned, identity init)")
         out.append(f"read:       o_t = Σ_{{{rng}}} softmax_s(a_t·) v_s   (invisible keys masked to −∞)")
     elif r is not None and r.kind == "decay":
-        alpha = "α_l" if r.alpha in S.GATE_FORMS else S.format_value(r.alpha)
+        alpha = "α_l" if r.alpha in S.GATE_FORMS else "α_h" if isinstance(r.alpha, S.PerHead) \
+            else S.format_value(r.alpha)
         out.append(f"decay:      each stored pair's weight is multiplied by α_t at every step: a_ts = Π_{{s<l≤t}} "
                    f"{alpha} = exp(Σ_{{s<l≤t}} log {alpha})   (a_tt = 1; the Forgetting Transformer)")
         out.append(f"read:       o_t = Σ_{{{rng}}} a_ts κ(u_t, k_s) v_s / Σ_{{{rng}}} a_ts κ(u_t, k_s)   "

@@ -350,10 +350,38 @@ class _Builder:
                 raise self.err(side, "a channel-wise gate is `gate(k)` (one value per key channel) or `gate(v)` "
                                "(one per value channel)")
             return f"gate({side.children[0]})"
+        if param in S.GATE_OF_PARAM:
+            return self.per_head(form, param, expr)
         raise self.err(expr, f"`{form}({param}=...)` takes a number, a name, `gate` or true/false, "
                        "not an expression")
 
-    def expression(self, node: Tree, symbol: str):
+    def per_head(self, form: str, param: str, node: Tree):
+        """A coefficient written as an expression: a constant (folded to a number) or a per-head constant in the
+        head index h = 0..H-1 and the head count H, checked against the coefficient's range for every head of
+        every H up to PER_HEAD_CHECK_HEADS (the op checks the H it runs with again)."""
+        expr = self.expression(node, S.HEAD_SYMBOLS)
+        lo, hi, what = S.COEF_RANGE[param]
+        if not expr.free_symbols:
+            value = _number(expr)
+            if value is None:
+                raise self.err(node, f"`{form}({param}=...)` is not a finite real number")
+            if not (lo(value) and hi(value)):
+                raise self.err(node, f"bad value for `{form}({param}=...)`: {what} (it is {value:g}), or `gate`")
+            return value
+        at = _head_evaluator(expr)
+        counts = range(1, PER_HEAD_CHECK_HEADS + 1) if "H" in {x.name for x in expr.free_symbols} \
+            else (PER_HEAD_CHECK_HEADS,)
+        for heads in counts:
+            for head in range(heads):
+                value = at(head, heads)
+                if value is None or not (lo(value) and hi(value)):
+                    shown = "not a finite real number" if value is None else f"{value:g}"
+                    where = f"h = {head} of H = {heads}" if len(counts) > 1 else f"h = {head}"
+                    raise self.err(node, f"bad per-head `{form}({param}=...)`: at head {where} it "
+                                   f"is {shown}; {what} for every head h = 0..H-1")
+        return S.PerHead(expr=expr)
+
+    def expression(self, node: Tree, symbol: str | tuple[str, ...]):
         import sympy as sp
 
         from .primitives import EXPRESSION_FUNCTIONS, apow
@@ -362,7 +390,9 @@ class _Builder:
         if depth > MAX_EXPRESSION_DEPTH:
             raise self.err(node, f"expression nested {depth} levels deep; at most {MAX_EXPRESSION_DEPTH} levels "
                            "of parentheses, functions and operators are accepted")
-        x = sp.Symbol(symbol, real=True)
+        names = (symbol,) if isinstance(symbol, str) else symbol
+        per_head = names == S.HEAD_SYMBOLS
+        symbols = {n: sp.Symbol(n, real=True) for n in names}
 
         def walk(n):
             d = n.data
@@ -371,12 +401,12 @@ class _Builder:
                     else sp.Integer(str(n.children[0]))
             if d == "name":
                 word = str(n.children[0])
-                if word == symbol:
-                    return x
+                if word in symbols:
+                    return symbols[word]
                 if word == "pi":
                     return sp.pi
-                raise self.err(n, f"unknown name `{word}` in expression{suggest(word, [symbol, 'pi'])}; "
-                               f"the expression may use `{symbol}`, numbers, `pi` and the functions "
+                raise self.err(n, f"unknown name `{word}` in expression{suggest(word, [*names, 'pi'])}; "
+                               f"the expression may use {_one_of(names)}, numbers, `pi` and the functions "
                                f"{_one_of(sorted(EXPRESSION_FUNCTIONS))}")
             if d == "func":
                 fn = str(n.children[0])
@@ -399,7 +429,7 @@ class _Builder:
                 return -a[0]
             if d == "pow":
                 base, exponent = a
-                if exponent.free_symbols:
+                if exponent.free_symbols and not per_head:  # (a loss or potential is differentiated in its symbol)
                     raise self.err(n, "exponents must be constants")
                 # |x|^p is written with a primitive whose derivative p*sign(x)|x|^(p-1) is finite at 0.
                 if isinstance(base, apow):
@@ -422,6 +452,44 @@ class _Builder:
 
 # Deeper expressions would exhaust Python's recursion in SymPy; no loss or potential needs them.
 MAX_EXPRESSION_DEPTH = 64
+# A per-head constant is checked at compile time for every head of every head count up to this many heads.
+PER_HEAD_CHECK_HEADS = 64
+
+
+def _head_evaluator(expr):
+    """expr(h, H) as a fast numeric function (mpmath: no overflow, complex results stay visible) returning a float,
+    or None where the value is not finite and real."""
+    import mpmath
+    import sympy as sp
+
+    from .primitives import apow, relu, sigmoid, spow
+
+    fns = {apow.__name__: lambda x, a: abs(x) ** a, spow.__name__: lambda x, a: mpmath.sign(x) * abs(x) ** a,
+           sigmoid.__name__: lambda x: 1 / (1 + mpmath.exp(-x)), relu.__name__: lambda x: max(x, 0),
+           "sign": mpmath.sign}
+    f = sp.lambdify([sp.Symbol(n, real=True) for n in S.HEAD_SYMBOLS], expr, modules=[fns, "mpmath"])
+
+    def at(head: int, heads: int) -> float | None:
+        try:
+            val = complex(f(mpmath.mpf(head), mpmath.mpf(heads)))
+        except Exception:  # a domain error, an overflow converting to float
+            return None
+        if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
+            return None
+        return val.real
+
+    return at
+
+
+def _number(expr) -> float | None:
+    """The value of a constant SymPy expression as a float, or None when it is not finite and real."""
+    try:
+        val = complex(expr.evalf())
+    except Exception:  # overflow in mpmath, a non-numeric result
+        return None
+    if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
+        return None
+    return val.real
 
 
 def _depth(node: Tree) -> int:

@@ -15,9 +15,23 @@ from pydantic import BaseModel, ConfigDict, Field
 GATE = "gate"
 GATE_K, GATE_V = "gate(k)", "gate(v)"
 GATE_FORMS = (GATE, GATE_K, GATE_V)
-Coef = Literal["gate", "gate(k)", "gate(v)"] | float
+# The symbols a per-head constant may use: the head's index h = 0..H-1 and the number of heads H.
+HEAD_SYMBOLS = ("h", "H")
+
+
+class PerHead(BaseModel):
+    """A coefficient that is constant over tokens but differs per head: an expression in the head index h
+    (0-based) and the number of heads H, e.g. RetNet's γ_h = 1 − 2^(−5−h) (docs/language.md, "Per-head
+    constants"). The op evaluates it for the H of its inputs and fills the coefficient with it."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    expr: Any  # a sympy expression in h, H
+
+
+Coef = Literal["gate", "gate(k)", "gate(v)"] | float | PerHead
 """A coefficient: `gate` (a per-token input [B, T, H] of the op), `gate(k)` / `gate(v)` (a per-token vector
-over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), or a constant number."""
+over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), a constant number, or a per-head
+constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
@@ -42,7 +56,20 @@ class Form(BaseModel):
 
 # ----------------------------------------------------------------------------------- memory
 class Linear(Form):
+    """M(x) = W φ(x). `feature`: the map φ applied to keys and queries (identity; elu1 = elu(x) + 1; taylor =
+    1 ⊕ x ⊕ x⊗x/√2, Based's second-order Taylor kernel; hedgehog = softmax([U x + c, −(U x + c)]) with U, c learned
+    per head). `normalize`: the read divides by z_t·φ(q_t) + eps with the normaliser state z_t = the same update
+    applied to a constant value 1 (z_t = Σ φ(k_s) for linear attention): docs/semantics.md, "Feature maps and the
+    normaliser"."""
+
     kind: Literal["linear"] = "linear"
+    feature: Literal["identity", "elu1", "taylor", "hedgehog"] = "identity"
+    normalize: bool = False
+    eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
+
+
+# Feature widths Dφ of a key width D (docs/semantics.md, "Feature maps and the normaliser").
+FEATURE_WIDTH = {"identity": "D", "elu1": "D", "taylor": "1 + D + D(D+1)/2", "hedgehog": "2D"}
 
 
 class MLP(Form):
@@ -277,6 +304,25 @@ class Spec(BaseModel):
                     out[GATE_OF_PARAM[param]] = value
         return out
 
+    def per_head(self) -> dict[str, PerHead]:
+        """Gate name -> per-head constant, for the coefficients written as an expression in h and H."""
+        return {g: v for g, v in self.coefficients().items() if isinstance(v, PerHead)}
+
+    @property
+    def feature(self) -> str:
+        """The key/query feature map of a linear memory ("identity" otherwise)."""
+        return self.memory.feature if self.memory.kind == "linear" else "identity"
+
+    @property
+    def normalized(self) -> bool:
+        """Whether the read divides by the normaliser z_t·φ(q_t) + eps."""
+        return self.memory.kind == "linear" and self.memory.normalize
+
+    @property
+    def composite(self) -> bool:
+        """A linear memory with a feature map or a normaliser: the op maps its inputs around the plain memory."""
+        return self.feature != "identity" or self.normalized
+
     @property
     def has_expressions(self) -> bool:
         """Whether a parameter is an expression (custom loss, Bregman potential): only the symbolic
@@ -348,11 +394,12 @@ class Spec(BaseModel):
 
 def form_text(form: Form) -> str:
     """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
-    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key` and a learner's `steps=1`, their defaults (§3),
-    left out so that every spec written before them reads as before."""
+    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key`, a learner's `steps=1` and `linear`'s parameters
+    at their defaults (§3), left out so that every spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
             if p != "kind" and v is not None and not (p == "readout" and v == "token")
-            and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)]
+            and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)
+            and not (form.kind == "linear" and v == type(form).model_fields[p].default)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -363,6 +410,8 @@ def format_value(v: Any) -> str:
         return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
+    if isinstance(v, PerHead):
+        return _spec_printer().doprint(v.expr)
     sympy = sys.modules.get("sympy")  # an expression exists only if sympy was imported to build it
     if sympy is not None and isinstance(v, sympy.Basic):  # a custom loss, a Bregman potential
         return _spec_printer().doprint(v)
@@ -480,6 +529,7 @@ def check_combination(spec: Spec) -> None:
     _check_channel_gates(spec)
     _check_generalized_delta(spec)
     _check_steps(spec)
+    _check_composite(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -583,3 +633,43 @@ def _check_steps(spec: Spec) -> None:
                         "previous one left; under `minibatch(C)` every gradient is taken at the chunk's anchor, so "
                         "the n steps would collapse into one step on their summed loss: write `parallel = exact`",
                         param="steps")
+    if spec.composite:
+        raise Rejection("learner", "`steps=n` with a feature map or the normaliser (`linear(feature=..., "
+                        "normalize=...)`) is not supported: the op would have to map each of a token's n keys and "
+                        "drop the normaliser's reads between sub-steps, which no kernel here does; use `steps=1`, or "
+                        "`linear` without a feature map and normaliser", param="steps")
+
+
+def _check_composite(spec: Spec) -> None:
+    """linear(feature=..., normalize=true): what has no defined meaning with a feature map or the normaliser, and
+    why (docs/semantics.md, "Feature maps and the normaliser")."""
+    if not spec.composite:
+        return
+    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
+    sides = {side for side in spec.gate_channels().values() if side}
+    if spec.generalized_delta:
+        raise Rejection("memory", "a feature map or normaliser with `l2(read/erase=kappa)` would need the map on κ as "
+                        "well, which is not defined here: use `linear` without them, or `bias = l2`", param="feature")
+    if "k" in sides and m.feature in ("taylor", "hedgehog"):
+        raise Rejection("memory", f"`feature={m.feature}` maps a key of width Dk to {FEATURE_WIDTH[m.feature]} "
+                        "features, and a `gate(k)` coefficient has one value per key channel, not per feature: use "
+                        "`gate` (one value per head), or feature elu1 (Dφ = Dk)", param="feature")
+    if not m.normalize:
+        if m.eps != type(m).model_fields["eps"].default:
+            raise Rejection("memory", "`eps` is the normaliser's (o = W φ(q) / (z·φ(q) + eps)); without "
+                            "`normalize=true` it has no effect: drop it or set normalize=true", param="eps")
+        return
+    why = ("the normaliser z_t is the memory's update applied to the constant value 1 (z_t = Σ φ(k_s) for linear "
+           "attention), defined for the Hebbian write")
+    if b.kind != "dot":
+        raise Rejection("memory", f"`normalize=true` with `bias = {b.kind}`: {why} (`bias = dot`), not for a loss that "
+                        "reads the memory; drop normalize, or use bias dot", param="normalize")
+    if r.kind not in ("none", "decay"):
+        raise Rejection("memory", f"`normalize=true` with `retention = {r.kind}`: {why} and a linear retention "
+                        "(none or decay); this one mixes the normaliser with the values", param="normalize")
+    if l.kind != "gd":
+        raise Rejection("memory", f"`normalize=true` with `learner = {l.kind}`: {why} by gd; use `learner = gd`",
+                        param="normalize")
+    if "v" in sides:
+        raise Rejection("memory", "`normalize=true` with a `gate(v)` coefficient: the normaliser has no value "
+                        "channel for it to scale; use `gate` or `gate(k)`", param="normalize")

@@ -7,7 +7,8 @@ differentiable with respect to q, k, v, the gates and the initial state.
 
 Config format (one hand-written dict per spec file in ``specs/``)::
 
-    dict(memory=dict(kind="linear") | dict(kind="mlp", depth, expansion, act, residual, norm),
+    dict(memory=dict(kind="linear"[, feature="elu1" | "taylor", normalize=eps])
+                | dict(kind="mlp", depth, expansion, act, residual, norm),
          bias=dict(kind="dot" | "l2" | "lp"(p, eps) | "huber"(delta, mode) | "custom"(f)),
          retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
                         | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
@@ -16,7 +17,8 @@ Config format (one hand-written dict per spec file in ``specs/``)::
          readout="token" | "chunk",   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
          steps=n)                     # optional; a multi-step learner (gd(steps=n), implicit(steps=n))
 
-A coefficient is either the string ``"gate"`` (read from the gates dict under its role name: ``eta``
+A coefficient is a callable ``f(h, H)`` (a per-head constant: f at head h of H, the same at every token), or
+the string ``"gate"`` (read from the gates dict under its role name: ``eta``
 for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber), ``"gate(k)"`` /
 ``"gate(v)"`` (CONTRACT §6: a vector per token over the key / value channels, [B, T, H, Dk|Dv]) or a number.
 Channel-wise gates are written out as the contract states them: α, θ scale the columns (k) or rows (v)
@@ -186,10 +188,38 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=64,
     ),
+    "linear_attention_elu": dict(
+        memory=dict(kind="linear", feature="elu1", normalize=1e-6),
+        bias=dict(kind="dot"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
+    "based": dict(
+        memory=dict(kind="linear", feature="taylor", normalize=1e-6),
+        bias=dict(kind="dot"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
+    "momentum_deltanet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="momentum", lr="gate", theta="gate"),
+        parallel=None,
+    ),
+    "hedgehog": dict(
+        memory=dict(kind="linear", feature="hedgehog", normalize=1e-6),
+        bias=dict(kind="dot"),
+        retention=dict(kind="none"),
+        learner=dict(kind="gd", lr=1.0),
+        parallel=None,
+    ),
     "retnet": dict(
         memory=_LINEAR,
         bias=dict(kind="dot"),
-        retention=dict(kind="decay", alpha=0.96875, order="post"),
+        retention=dict(kind="decay", alpha=lambda h, H: 1 - 2.0 ** (-5 - h), order="post"),  # γ_h per head
         learner=dict(kind="gd", lr=1.0),
         parallel=None,
     ),
@@ -246,6 +276,28 @@ REF_CONFIGS: dict[str, dict] = {
 # config helpers
 
 
+def feature_map(kind: str | None, x: Tensor) -> Tensor:
+    """φ(x) over the last axis (docs/semantics.md, "Feature maps and the normaliser"): elu1 = elu(x) + 1; taylor =
+    [1, x_1..x_D, x_1²/√2..x_D²/√2, then x_i x_j for i < j in row-major order]; hedgehog at U = I, c = 0."""
+    if kind in (None, "identity"):
+        return x
+    if kind == "elu1":
+        return F.elu(x) + 1
+    if kind == "taylor":
+        D = x.shape[-1]
+        pairs = [x[..., i] * x[..., j] for i in range(D) for j in range(i + 1, D)]
+        cross = torch.stack(pairs, dim=-1) if pairs else x[..., :0]
+        return torch.cat([torch.ones_like(x[..., :1]), x, x * x / math.sqrt(2.0), cross], dim=-1)
+    if kind == "hedgehog":  # at the op's default parameters U = I, c = 0: softmax([x, −x])
+        return torch.softmax(torch.cat([x, -x], dim=-1), dim=-1)
+    raise ValueError(f"unknown feature map {kind!r}")
+
+
+def feature_width(mem: dict, Dk: int) -> int:
+    return feature_map(mem.get("feature"), torch.zeros(Dk, dtype=torch.float64)).shape[-1] if mem["kind"] == "linear" \
+        else Dk
+
+
 def _get_cfg(cfg_or_name) -> dict:
     return REF_CONFIGS[cfg_or_name] if isinstance(cfg_or_name, str) else cfg_or_name
 
@@ -277,6 +329,8 @@ def state_keys(cfg) -> list[str]:
         keys += [f"A_{n}" for n in names]
     if cfg["learner"]["kind"] == "momentum":
         keys += [f"S_{n}" for n in names]
+    if cfg["memory"].get("normalize") is not None:
+        keys.append("z")
     return keys
 
 
@@ -291,6 +345,11 @@ def _coef(value, gate_name: str, gates: dict, t: int, default: float):
     (gate(k): columns), [B, H, Dv, 1] (gate(v): rows), or a python float (constant / undeclared)."""
     if value is None:
         return default
+    if callable(value):  # a per-head constant: value(h, H) for heads h = 0..H-1, the same at every token
+        like = gates["_q"]
+        heads = like.shape[2]
+        per_head = torch.tensor([float(value(h, heads)) for h in range(heads)], dtype=like.dtype, device=like.device)
+        return per_head[None, :, None, None]
     if value == "gate":
         return gates[gate_name][:, t][..., None, None]
     if value == "gate(k)":
@@ -427,11 +486,22 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     chunk_readout = cfg.get("readout", "token") == "chunk"
     if chunk_readout and (C is None or ret["kind"] not in ("lq", "kl")):
         raise ValueError("readout=chunk is defined for lq and kl retention under minibatch(C)")
+    # a feature map: the memory reads and writes φ(q), φ(k); the normaliser z_t (dot, gd, none/decay only) is
+    # z_t = α_t z_{t-1} + η_t φ(k_t) and the read o_t = W_t φ(q_t) / (z_t·φ(q_t) + eps)
+    q, k = feature_map(mem.get("feature"), q), feature_map(mem.get("feature"), k)
+    eps = mem.get("normalize")
+    if eps is not None and not (cfg["bias"]["kind"] == "dot" and lrn["kind"] == "gd"
+                                and ret["kind"] in ("none", "decay")):
+        raise NotImplementedError("the normaliser is defined with dot, gd, retention none or decay")
+    z = state["z"] if eps is not None else None
     n_steps = cfg.get("steps", 1)
     if n_steps > 1 and (C is not None or lrn["kind"] == "momentum"):
         raise ValueError("steps=n is defined with parallel exact and a gd or implicit learner")
+    if n_steps > 1 and (eps is not None or mem.get("feature") not in (None, "identity")):
+        raise NotImplementedError("steps=n with a feature map or the normaliser is not defined (spec.py rejects it)")
     # the inputs of sub-step j: k, v, η and κ have one per sub-step (axis 3), the other gates one per token
     per_step = ("eta", "kappa")
+    gates = {**gates, "_q": q}  # (its head count, dtype and device, for per-head constants)
     sub_gates = [{n: x[:, :, :, j] if n in per_step and n_steps > 1 else x for n, x in gates.items()}
                  for j in range(n_steps)]
     T = q.shape[1]
@@ -540,13 +610,21 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         else:
             raise ValueError(f"unknown retention {kind!r}")
 
-        if last:
-            outs.append(memory_forward(mem, W, qt))  # read after write
+        if not last:
+            continue
+        if eps is not None:  # the normaliser: α_t z_{t-1} + η_t φ(k_t) (dot: the gradient does not read W)
+            z = (alpha if kind == "decay" else 1.0) * z + eta * kt[..., None, :]
+            den = (z[..., 0, :] * qt).sum(-1, keepdim=True) + eps
+            outs.append(memory_forward(mem, W, qt) / den)
+            continue
+        outs.append(memory_forward(mem, W, qt))  # read after write
 
     o = torch.stack(outs, dim=1)
     final = {}
     for key in state:
-        if key.startswith("A_"):
+        if key == "z":
+            final[key] = z
+        elif key.startswith("A_"):
             final[key] = A[key[2:]]
         elif key.startswith("S_"):
             final[key] = S[key[2:]]
@@ -596,7 +674,7 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
     g = torch.Generator().manual_seed(seed + 7919)
     f64 = torch.float64
     if mem["kind"] == "linear":
-        shapes = {"W": (Dv, Dk)}
+        shapes = {"W": (Dv, feature_width(mem, Dk))}
     else:
         L, hid = mem["depth"], mem["expansion"] * Dk
         if L == 1:
@@ -620,4 +698,6 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         state.update({f"A_{n}": state[n].clone() for n in shapes})
     if cfg["learner"]["kind"] == "momentum":
         state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})
+    if mem.get("normalize") is not None:  # the normaliser: a sum of positive features, so positive entries
+        state["z"] = torch.rand(B, H, 1, shapes["W"][1], generator=g, dtype=f64)
     return {key: x.to(dtype) for key, x in state.items()}

@@ -265,9 +265,11 @@ def test_based_is_the_degree_two_poly_kernel_up_to_fla_epsilon():
     compare(ours, theirs, x)
 
 
-def test_momentum_deltanet_with_p_equal_k():
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_momentum_deltanet_with_p_equal_k(algorithm):
     """Momentum DeltaNet with its read key p = k: M_t = μ M + η (S p − v) kᵀ, S_t = α S − β M_t. With
-    S′ = −β M this is mirasc's momentum: θ_t = μ_t β_t / β_{t−1}, lr = β_t η_t (β_0 := 1, M_0 = 0)."""
+    S′ = −β M this is mirasc's momentum: θ_t = μ_t β_t / β_{t−1}, lr = β_t η_t (β_0 := 1, M_0 = 0). The chunked
+    form (the state [W, S] under 2x2 scalar transitions) with chunks of 8."""
     naive = fla("momentum_delta_rule.naive", "recurrent_momentum_delta_rule_ref")
     x = leaves(8, q=("n", (B, T, H, DK)), k=("n", (B, T, H, DK)), v=("", (B, T, H, DV)), a=("u", (B, T, H)),
                mu=("u", (B, T, H)), beta=("u", (B, T, H)), eta=("u", (B, T, H)), S0=("", (B, H, DK, DV)))
@@ -277,7 +279,8 @@ def test_momentum_deltanet_with_p_equal_k():
         beta = 0.2 + x["beta"]
         before = torch.cat([torch.ones_like(beta[:, :1]), beta[:, :-1]], 1)
         gates = {"eta": beta * x["eta"], "alpha": torch.exp(-0.2 * x["a"]), "theta": x["mu"] * beta / before}
-        o, st = mod.apply(x["q"], x["k"], x["v"], gates, state={"W": _T(x["S0"]), "S_W": torch.zeros(B, H, DV, DK)})
+        o, st = mod.apply(x["q"], x["k"], x["v"], gates, state={"W": _T(x["S0"]), "S_W": torch.zeros(B, H, DV, DK)},
+                          algorithm=algorithm, chunk_size=8)
         return o, st["W"]
 
     def theirs():

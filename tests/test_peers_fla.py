@@ -59,7 +59,7 @@ SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 B, T, H, DK, DV = 2, 50, 2, 16, 12  # T = 50 is not a multiple of 16 or 64; Dk != Dv on purpose
 RTOL = 1e-5
-RETNET_GAMMA = 0.96875  # specs/retnet.miras: decay(alpha=0.96875) == 1 - 2**-5
+RETNET_GAMMA = [1 - 2.0 ** (-5 - h) for h in range(H)]  # specs/retnet.miras: decay(alpha=1 - 2^(-5 - h)) per head
 
 # (algorithm, chunk_size) of our module; chunk_size=16 makes T = 50 span 4 chunks, the last partial.
 ALGORITHMS = [
@@ -392,7 +392,7 @@ def test_mamba2_vs_chunk_simple_gla(fla_naive, algorithm, chunk_size):
 def test_retnet_vs_simple_gla_constant_gate(fla_naive, algorithm, chunk_size):
     mod = _module("retnet", set())
     x = _inputs(7)
-    g = torch.full((B, T, H), math.log(RETNET_GAMMA))
+    g = torch.tensor([math.log(gamma) for gamma in RETNET_GAMMA]).expand(B, T, H)  # γ_h per head, every token
 
     def ref():
         o, S = fla_naive.simple_gla.naive_recurrent_simple_gla(
@@ -406,13 +406,12 @@ def test_retnet_vs_simple_gla_constant_gate(fla_naive, algorithm, chunk_size):
 
 @pytest.mark.parametrize("algorithm,chunk_size", ALGORITHMS)
 def test_retnet_vs_naive_retention(fla_naive, algorithm, chunk_size):
-    # naive_retention(q, k, v) is head-first, has no state, fixes scale = K**-0.5 and uses a *fixed
-    # per-head* decay γ_h = 1 - 2**(-5 - h).  Only head h = 0 has γ = 1 - 2**-5 = 0.96875, the spec's
-    # constant, so this comparison runs with a single head (H = 1), a zero initial state and no final
-    # state (the reference returns none).  Heads h >= 1 are a different model and are not compared.
+    # naive_retention(q, k, v) is head-first, has no state, fixes scale = K**-0.5 and uses the fixed
+    # per-head decay γ_h = 1 - 2**(-5 - h), the spec's per-head constant; four heads (γ = 0.969 .. 0.996),
+    # a zero initial state and no final state (the reference returns none).
     mod = _module("retnet", set())
-    x = _inputs(8, heads=1)
-    zero_state = torch.zeros(B, 1, DV, DK)
+    x = _inputs(8, heads=4)
+    zero_state = torch.zeros(B, 4, DV, DK)
 
     def ref():
         o = fla_naive.retention.naive_retention(_hf(x.q) * DK**0.5, _hf(x.k), _hf(x.v))

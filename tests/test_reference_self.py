@@ -173,7 +173,8 @@ def test_retnet_is_decay_masked_matmul():
     Q, K, V = _per_bh(q), _per_bh(k), _per_bh(v)
     i = torch.arange(11)
     gap = (i[:, None] - i[None, :]).to(f64)
-    D = torch.where(gap >= 0, 0.96875**gap, torch.zeros_like(gap))
+    gamma = torch.tensor([1 - 2.0 ** (-5 - h) for h in range(q.shape[2])], dtype=f64)  # γ_h, per head
+    D = torch.where(gap >= 0, gamma[:, None, None] ** gap, torch.zeros_like(gap))  # [H, T, T]
     torch.testing.assert_close(_per_bh(o), ((Q @ K.transpose(-1, -2)) * D) @ V, rtol=1e-12, atol=1e-12)
 
 

@@ -21,6 +21,9 @@ RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0)}
 CHUNK_SPECS = ["deltanet", "gated_deltanet", "linear_attention", "longhorn", "mamba2", "retnet", "ttt_linear"]
 # with a decay over key channels (alpha=gate(k)): tests/test_triton_channel_chunks.py
 CHANNEL_CHUNK_SPECS = ["gla", "hgrn2", "kda"]
+# the Hebbian kernels on the features φ(q), φ(k) and the values [v, 1] (feature maps and the normaliser):
+# tests/test_linear_composite.py
+COMPOSITE_CHUNK_SPECS = ["based", "hedgehog", "linear_attention_elu"]
 VARIANTS = {
     # delta rule with the decay after the step (the gradient sees W_{t-1}, not α_t W_{t-1})
     "delta_post_decay": "memory = linear\nbias = l2\nretention = decay(alpha=gate, order=post)\nlearner = gd(lr=gate)",
@@ -102,7 +105,7 @@ def test_which_specs_have_chunked_kernels():
     """The covered set is what the issue asks for; every other parametric spec says why it has none."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras")
                   if hasattr(mirasc.compile_spec(p), "_chunked_triton"))
-    assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS)
+    assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS)
 
 
 def test_triton_default_is_the_chunked_kernel():

@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import spec as S
 from ..derive import Derivation
 from ..explain import equations
-from .torch_backend import layer_source, preprocess
+from .torch_backend import layer_source, per_head_source, preprocess
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
@@ -27,9 +27,12 @@ def triton_form(m: S.Nonparametric) -> tuple[bool, str]:
 
 
 def _decay(r) -> str:
-    """The forget gate on stored pairs: None (no decay), 'gate' (the per-token input alpha) or a constant α."""
+    """The forget gate on stored pairs: None (no decay), 'gate' (the per-token input alpha), 'per_head' (a constant
+    per head, from _per_head_coefficients) or a constant α."""
     if r.kind != "decay":
         return "None"
+    if isinstance(r.alpha, S.PerHead):
+        return repr("per_head")
     return repr(r.alpha) if r.alpha in S.GATE_FORMS else repr(float(r.alpha))
 
 
@@ -51,10 +54,11 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
         "NO_TRITON_REASON": reason.replace('"', "'"),
-        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates),
+        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
-    body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay"})
+    body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay",
+                                 "per_head": bool(spec.per_head())})
     if has_triton:
         body += TRITON
     for key, val in subs.items():

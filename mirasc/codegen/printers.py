@@ -106,6 +106,8 @@ class TorchPrinter(PythonCodePrinter):
             return f"(1 / {b})"
         if ex == 2:
             return f"({b} * {b})" if base.is_Symbol else f"{b} ** 2"
+        if not ex.is_number:  # a per-head constant's exponent in h (losses and potentials have constant ones)
+            return f"{b} ** ({self._print(ex)})"
         return f"{b} ** {self._print(ex) if ex.is_Integer else repr(float(ex))}"
 
     def _print_Float(self, expr):

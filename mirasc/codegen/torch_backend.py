@@ -16,7 +16,7 @@ from .. import ir
 from .. import spec as S
 from ..explain import equations
 from . import triton_backend, triton_minibatch
-from .printers import print_block
+from .printers import TorchPrinter, print_block
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -31,9 +31,42 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
-    layer = preprocess(LAYER, {"multistep": spec.steps > 1})  # STEPS pairs (and η) per token: gd(steps=n)
+    layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
+                               "composite": spec.composite, "normalize": spec.normalized})
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
+
+
+# The range each coefficient's per-head constant must lie in, as code on a tensor x, and in words.
+PER_HEAD_RANGE = {"eta": ("x >= 0", "a learning rate is >= 0"), "alpha": ("(x >= 0) & (x <= 1)", "a retention "
+                  "factor is in [0, 1]"), "theta": ("(x >= 0) & (x <= 1)", "a momentum factor is in [0, 1]"),
+                  "delta": ("x > 0", "a Huber threshold is > 0")}
+
+
+def per_head_source(spec: S.Spec) -> str:
+    """`_per_head_coefficients(H, device)`: the spec's per-head constants (docs/language.md, "Per-head constants")
+    evaluated for H heads, each [H] in float64 and checked against its coefficient's range (the compiler checked
+    H <= 64; a module may run with more heads). Empty text when the spec has none."""
+    per_head = spec.per_head()
+    if not per_head:
+        return ""
+    printer = TorchPrinter()
+    lines = ["", "", "def _per_head_coefficients(H, device):",
+             '    """The coefficients that are constant over tokens with one value per head h = 0..H-1, as the spec',
+             '    writes them in h and H: name -> [H] (float64), each checked against its range."""',
+             "    h = torch.arange(H, dtype=torch.float64, device=device)",
+             "    out = {}"]
+    for name, c in sorted(per_head.items()):
+        cond, words = PER_HEAD_RANGE[name]
+        lines += [f"    # {name}_h = {S.format_value(c)}",
+                  f"    x = torch.as_tensor({printer.doprint(c.expr)}, dtype=torch.float64, device=device).expand(H)",
+                  f"    if not bool((torch.isfinite(x) & ({cond})).all()):",
+                  f"        raise ValueError(f\"per-head {name} = {S.format_value(c)} leaves its range for H = {{H}} "
+                  f"heads\"",
+                  f"                         f\" ({words}): {{x.tolist()}}\")",
+                  f'    out["{name}"] = x']
+    lines.append("    return out")
+    return "\n".join(lines) + "\n"
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
@@ -93,6 +126,13 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return "minibatch", ""  # e.g. Hebbian: the gradient never reads the state, any chunking is exact
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
+    if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.kind in ("none", "decay"):
+        if any(channels.values()):
+            return None, ("the momentum delta rule's chunk form carries W and S as one state [W, S] whose per-token "
+                          "transition mixes them through scalar 2x2 factors (α, θ); a channel-wise gate makes "
+                          "those factors per channel, and no chunked form is derived for it: use gates per head "
+                          "or algorithm='recurrent'")
+        return "momentum_delta", ""
     return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
                   f"{r.kind} retention) reads the state the previous token left, and no exact chunked form is "
                   "derived for that combination; parallel=minibatch(C) has one")
@@ -223,14 +263,16 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     r, l = spec.retention, spec.learner
     kind, reason = chunked_form(spec, grad)
     coefs = spec.coefficients()
-    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS}
+    per_head = spec.per_head()  # filled per head by _per_head_coefficients, then like a gate
+    constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS and g not in per_head}
     for g, val in S.UNDECLARED.items():
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
     flags = _flags(spec, d, kind)
     subs = _slots(spec, d, forward, grad, kind, reason, constants)
-    coef_order = sorted(set(spec.gates) | set(constants)) + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
+    coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
+        + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
     subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
@@ -271,9 +313,16 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "layernorm": m.kind == "mlp" and m.norm == "layernorm",
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
+        "per_head": bool(spec.per_head()),
+        "composite": spec.composite,
+        "normalize": spec.normalized,
+        "feature_elu1": spec.feature == "elu1",
+        "feature_taylor": spec.feature == "taylor",
+        "hedgehog": spec.feature == "hedgehog",
         "positive": d.positive_domain,
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
+        "chunk_momentum_delta": kind == "momentum_delta",
         "channel_minibatch": kind == "minibatch" and bool(channel_decay),
         "channel_delta": kind == "delta" and spec.channel_gates,
         "channel_chunks": (kind is not None and spec.channel_gates) or kind == "gdelta",
@@ -299,6 +348,11 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
+        "PER_HEAD": per_head_source(spec),
+        "INIT_STATE": "_init_memory_state" if spec.composite else "init_state",
+        "FEATURE": spec.feature,
+        "NORMALIZE": repr(spec.normalized),
+        "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
@@ -313,8 +367,9 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": _channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),
-        # a multi-step learner's public `apply` takes tokens and runs this function over their sub-steps
-        "APPLY_FN": "_apply_substeps" if spec.steps > 1 else "apply",
+        # the memory's own apply, under a public `apply` that takes tokens and runs it over their sub-steps
+        # (a multi-step learner) or on the features φ(q), φ(k) (a composite linear memory); never both (spec.py)
+        "APPLY_FN": "_apply_memory" if spec.composite else "_apply_substeps" if spec.steps > 1 else "apply",
     }
 
 
@@ -381,6 +436,8 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
     algos = {"minibatch": "chunked = mini-batch dual form (prefix sums of rank-1 updates, masked matmuls)",
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
              "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
+             "momentum_delta": "chunked = momentum delta chunk form (the state [W, S] under 2x2 scalar transitions, "
+                               "one unit-triangular solve per chunk)",
              None: f"chunked: not available ({reason})"}[kind]
     if spec.steps > 1:
         algos += f"; both run over the T·{spec.steps} sub-steps"
