@@ -23,6 +23,12 @@ of W and S; ``lr=gate(v)`` weights the loss per output channel, ℓ = Σᵢ η�
 U = -g·diag(η); ``delta=gate(v)`` is a Huber threshold per output channel.
 Optional ``gate_ranges`` only steers :func:`make_inputs` (it is not part of the semantics).
 
+Atlas (docs/semantics.md, "The Omega rule", "Features", "Muon"): ``bias=dict(..., window=c, gamma=...)`` takes
+g_t = ∇ Σ_{i=t−c+1..t} γ_i ℓ(W; k_i, v_i) by autograd on that written-out sum (each term with token i's own δ; the
+state's ``win_*`` entries are the c − 1 tokens before the first, γ = 0 where empty); ``memory=dict(..., features=p)``
+reads φ_p(x) = [1, x, x⊗x/√2!, …] in the first layer (the residual adds x); ``learner=dict(kind="muon", lr, theta,
+ns_steps)`` is S_t = θ_t S_{t−1} + g_t, U_t = −η_t NS(S_t) with the quintic Newton–Schulz written out below.
+
 The generalized delta transition (docs/semantics.md, "Erase and write keys apart"): ``bias=dict(kind="l2",
 read="kappa")`` reads the error at the regression key κ and steps along k, g = (M(κ) − v) kᵀ;
 ``erase="kappa"`` takes g = ∇½‖M(κ)‖² (autograd) and adds the write v kᵀ to the step at unit rate. κ is read
@@ -38,8 +44,9 @@ import torch.nn.functional as F
 
 Tensor = torch.Tensor
 
-GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
-DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
+GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma"}
+DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0),
+                       "gamma": (0.0, 1.0)}
 
 _MLP = dict(kind="mlp", depth=2, expansion=4, act="gelu", residual=True, norm="layernorm")
 _LINEAR = dict(kind="linear")
@@ -253,8 +260,10 @@ def state_keys(cfg) -> list[str]:
     keys = list(names)
     if cfg["retention"]["kind"] in ("lq", "elastic"):
         keys += [f"A_{n}" for n in names]
-    if cfg["learner"]["kind"] == "momentum":
+    if cfg["learner"]["kind"] in ("momentum", "muon"):
         keys += [f"S_{n}" for n in names]
+    if cfg["bias"].get("window", 1) > 1:
+        keys += ["win_k", "win_v", "win_gamma"] + (["win_delta"] if "delta" in cfg["bias"] else [])
     return keys
 
 
@@ -295,13 +304,34 @@ def _matvec(W: Tensor, x: Tensor) -> Tensor:
     return torch.einsum("bhmn,bhn->bhm", W, x)
 
 
+def poly_features(x: Tensor, p: int) -> Tensor:
+    """φ_p(x) = [1, x, x⊗x/√2!, …, x^⊗p/√p!] over the last axis (row-major tensor powers)."""
+    parts, power = [torch.ones_like(x[..., :1]), x], x
+    for i in range(2, p + 1):
+        power = torch.einsum("...a,...b->...ab", power, x).reshape(*x.shape[:-1], -1)
+        parts.append(power / math.sqrt(math.factorial(i)))
+    return torch.cat(parts, dim=-1)
+
+
+def newton_schulz(G: Tensor, steps: int) -> Tensor:
+    """The quintic Newton–Schulz iteration of Muon on each matrix: X_0 = G/(‖G‖_F + 1e-7) in the orientation with
+    fewer rows, X ← 3.4445 X − 4.7750 (XXᵀ)X + 2.0315 (XXᵀ)²X."""
+    X = G.mT if G.shape[-2] > G.shape[-1] else G
+    X = X / (torch.sqrt((X * X).sum((-2, -1), keepdim=True)) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        X = 3.4445 * X - 4.7750 * (A @ X) + 2.0315 * (A @ (A @ X))
+    return X.mT if G.shape[-2] > G.shape[-1] else X
+
+
 def memory_forward(mem: dict, Ws: dict[str, Tensor], x: Tensor) -> Tensor:
     """M_W(x) for x [B,H,Dk]; returns [B,H,Dv]."""
+    inp = poly_features(x, mem["features"]) if mem.get("features") else x
     if mem["kind"] == "linear":
-        return _matvec(Ws["W"], x)
+        return _matvec(Ws["W"], inp)
     names = weight_names(mem)
     act = _ACTS[mem["act"]]
-    h = x
+    h = inp
     for n in names[:-1]:
         h = act(_matvec(Ws[n], h))
     y = _matvec(Ws[names[-1]], h)
@@ -341,6 +371,18 @@ def bias_loss(bias: dict, y: Tensor, v: Tensor, delta, weight=1.0) -> Tensor:
     raise ValueError(f"unknown bias {kind!r}")
 
 
+def window_grad(cfg: dict, Ws: dict[str, Tensor], window: list, create_graph=True):
+    """The Omega rule: ∇ Σ_i γ_i ℓ(M_W(k_i), v_i; δ_i) over the window's (k_i, v_i, δ_i, γ_i), by autograd."""
+    names = list(Ws)
+    leaves = [Ws[n] if Ws[n].requires_grad else Ws[n].detach().requires_grad_(True) for n in names]
+    Wl = dict(zip(names, leaves))
+    loss = sum((gamma[..., 0, 0] if isinstance(gamma, Tensor) else gamma)
+               * bias_loss(cfg["bias"], memory_forward(cfg["memory"], Wl, ki), vi, delta)
+               for ki, vi, delta, gamma in window)
+    grads = torch.autograd.grad(loss.sum(), leaves, create_graph=create_graph)
+    return dict(zip(names, grads))
+
+
 def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, create_graph=True, weight=1.0):
     """g = d l(M_W(k), v) / dW for each weight matrix, by autograd (differentiable: create_graph)."""
     names = list(Ws)
@@ -372,6 +414,11 @@ def elastic_readout(A: Tensor, lam: float) -> Tensor:
 
 # --------------------------------------------------------------------------------------------------
 # the op
+
+
+def _as_column(x, like: Tensor) -> Tensor:
+    """A per-token scalar coefficient ([B, H, 1, 1] tensor or a float) as [B, H, 1]."""
+    return x[..., 0] if isinstance(x, Tensor) else torch.full_like(like[..., :1], float(x))
 
 
 def reference_apply(cfg, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], state: dict[str, Tensor]):
@@ -409,8 +456,15 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     W = {n: state[n] for n in names}
     A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
     S = None
-    if lrn["kind"] == "momentum":
+    if lrn["kind"] in ("momentum", "muon"):
         S = {n: state.get(f"S_{n}", torch.zeros_like(W[n])) for n in names}
+    c_win = cfg["bias"].get("window", 1)
+    window = []  # the Omega window: (k_i, v_i, δ_i, γ_i) of the last c tokens, the state's c − 1 first
+    if c_win > 1:
+        for j in range(c_win - 1):
+            d_j = state["win_delta"][:, :, j][..., None] if "win_delta" in state else 0.0
+            gamma_j = state["win_gamma"][:, :, j][..., None]
+            window.append((state["win_k"][:, :, j], state["win_v"][:, :, j], d_j, gamma_j))
     anchor = W
     Z = None  # kl with α over key channels: the log-space accumulator (below)
     outs = []
@@ -453,6 +507,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             g = {"W": err[..., :, None] * kt[..., None, :]}
         elif erase:  # the erase: the gradient of ½‖M(κ)‖² (l2 towards 0 at κ)
             g = memory_grad(cfg, W, gates["kappa"][:, t], torch.zeros_like(vt), delta, create_graph, weight)
+        elif c_win > 1:
+            window = (window + [(kt, vt, delta, _coef(cfg["bias"].get("gamma", 1.0), "gamma", gates, t, 1.0))])[-c_win:]
+            g = window_grad(cfg, anchor if C is not None else W, window, create_graph)
         else:
             g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph, weight)
 
@@ -463,6 +520,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         elif lrn["kind"] == "momentum":
             S = {n: theta * S[n] - eta * g[n] for n in names}
             U = S
+        elif lrn["kind"] == "muon":
+            S = {n: theta * S[n] + g[n] for n in names}
+            U = {n: -eta * newton_schulz(S[n], lrn["ns_steps"]) for n in names}
         else:
             raise ValueError(f"unknown learner {lrn['kind']!r}")
 
@@ -510,7 +570,13 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
 
     o = torch.stack(outs, dim=1)
     final = {}
+    for j, key in enumerate(("win_k", "win_v", "win_delta", "win_gamma")):
+        if key in state:  # the window left at the end: the last c − 1 tokens ([B, H, c − 1, ·])
+            rows = [w[j] if j < 2 else _as_column(w[j], w[0]) for w in window[-(c_win - 1):]]
+            final[key] = torch.stack(rows, dim=2)
     for key in state:
+        if key.startswith("win_"):
+            continue
         if key.startswith("A_"):
             final[key] = A[key[2:]]
         elif key.startswith("S_"):

@@ -84,10 +84,30 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
                       "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
                       "side or use algorithm='recurrent'")
-    if par.kind == "minibatch":
+    anchored = par.kind == "minibatch" or ir.state_independent_gradient(grad_graph)  # e.g. Hebbian: any chunking
+    channel_decay = _channel_decay_side(spec)
+    if l.kind == "muon":
+        if not anchored:
+            return None, ("muon with parallel=exact takes each token's gradient at the state the previous token "
+                          "left, and Newton–Schulz is not linear, so no chunked form exists; parallel=minibatch(C) "
+                          "has one (Atlas §5.1)")
+        if r.kind not in ("none", "decay") or channel_decay:
+            return None, (f"muon's chunk form unrolls W_t = α_t W_{{t−1}} − η_t NS(S_t) with α per head; "
+                          f"`retention = {r.kind}`{' with channel-wise α/θ' if channel_decay else ''} has no such "
+                          "unrolling here: use algorithm='recurrent'")
+        return "muon", ""
+    if (spec.window > 1 or spec.features) and channel_decay:
+        return None, ("the channel-wise mini-batch form reads raw keys and one token per step; with an Omega window "
+                      "or features=poly it is not derived: use algorithm='recurrent'")
+    if anchored:
         return "minibatch", ""
-    if ir.state_independent_gradient(grad_graph):
-        return "minibatch", ""  # e.g. Hebbian: the gradient never reads the state, any chunking is exact
+    if spec.window > 1:
+        return None, (f"with parallel=exact, each token's gradient sums the Omega window's {spec.window} tokens at "
+                      "the state the previous token left; no exact chunked form is derived for that (the delta "
+                      "chunk form is one token per step); parallel=minibatch(C) has one (Atlas §3.3)")
+    if spec.features:
+        return None, ("the delta chunk form reads raw keys; with features=poly and parallel=exact use "
+                      "algorithm='recurrent', or parallel=minibatch(C)")
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
     return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
@@ -158,6 +178,8 @@ def _print_graph(gr: ir.Graph, fn: str) -> str:
             body.append(f"{var} = _layernorm({a[0]})")
         elif op.op == "layernorm_bwd":
             body.append(f"{var} = _layernorm_backward({a[0]}, {a[1]})")
+        elif op.op == "features":
+            body.append(f"{var} = _poly_features({a[0]})")
         else:
             raise ir.IRError(f"torch backend: no printer for op {op.op}")
         names[nid] = var
@@ -191,7 +213,7 @@ def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
 
 def _weight_shapes(spec: S.Spec) -> str:
     """The weights' [rows, cols] as code in d_k and d_v."""
-    size = {"k": "d_k", "v": "d_v", "e": f"{getattr(spec.memory, 'expansion', 1)} * d_k"}
+    size = {"k": "d_k", "v": "d_v", "e": f"{getattr(spec.memory, 'expansion', 1)} * d_k", "f": "_feature_width(d_k)"}
     return "[" + ", ".join(f"({size[r]}, {size[c]})" for r, c in spec.weight_dims()) + "]"
 
 
@@ -206,8 +228,11 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines = ["    MLP memory: every W_i ~ N(0, 1/fan_in)."]
     if r.kind in ("lq", "elastic"):
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
-    if spec.learner.kind == "momentum":
+    if spec.learner.kind in ("momentum", "muon"):
         lines.append("    Momentum buffers S_i start at 0.")
+    if spec.window > 1:
+        lines.append(f"    The Omega window (the {spec.window - 1} tokens before the first) starts empty: zero keys, "
+                     "values and weights γ = 0.")
     return "\n".join(lines)
 
 
@@ -253,6 +278,11 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
+        "muon": l.kind == "muon",
+        "has_S": l.kind in ("momentum", "muon"),  # a momentum buffer S_i per weight in the state
+        "omega": spec.window > 1,
+        "features": bool(spec.features),
+        "chunk_muon": kind == "muon",
         "implicit": l.kind == "implicit",
         "add_update": r.kind == "none" or (r.kind == "decay" and r.order == "pre"),
         "decay_post": r.kind == "decay" and r.order == "post",
@@ -304,7 +334,20 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": _channel_decay_side(spec) or "",
+        "WINDOW": str(spec.window),
+        "WINDOW_COEFS": repr(_window_coefficients(spec, grad)),
+        "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
+        "POLY_DEGREE": str(spec.features),
     }
+
+
+def _window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
+    """The per-token coefficients an Omega window carries besides k and v: γ, and every coefficient the gradient
+    reads per token (e.g. Huber's δ), so that token i's loss is ℓ(W; k_i, v_i) with its own coefficients."""
+    if spec.window == 1:
+        return ()
+    read = {grad.node(n).arg for n in grad.inputs() if grad.node(n).op == "input"} - {"x", "k", "v"}
+    return ("gamma", *sorted(read))
 
 
 def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
@@ -370,6 +413,8 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
     algos = {"minibatch": "chunked = mini-batch dual form (prefix sums of rank-1 updates, masked matmuls)",
              "delta": "chunked = delta-rule chunk form (one unit-triangular solve per chunk)",
              "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
+             "muon": "chunked = muon's chunk form (momentum prefix sums at the anchor, batched Newton–Schulz, "
+                     "per-token weights)",
              None: f"chunked: not available ({reason})"}[kind]
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
     return (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch.\n\n'
