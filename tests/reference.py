@@ -214,6 +214,21 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=16,
     ),
+    "atlas": dict(
+        memory=dict(_MLP, features=2),
+        bias=dict(kind="l2", window=4, gamma="gate"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5),
+        parallel=64,
+    ),
+    "omega_yaad": dict(
+        memory=_MLP,
+        bias=dict(kind="huber", delta="gate", mode="mixture", window=4, gamma="gate"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+        gate_ranges=dict(delta=(2.5, 6.0)),  # (as yaad: both branches of the mixture are taken)
+    ),
     "yaad": dict(
         memory=_MLP,
         bias=dict(kind="huber", delta="gate", mode="mixture"),
@@ -623,14 +638,16 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
     mem, ret = cfg["memory"], cfg["retention"]
     g = torch.Generator().manual_seed(seed + 7919)
     f64 = torch.float64
+    p = mem.get("features", 0)
+    Df = sum(Dk ** i for i in range(p + 1)) if p else Dk  # the width of φ_p(k): what the first layer reads
     if mem["kind"] == "linear":
-        shapes = {"W": (Dv, Dk)}
+        shapes = {"W": (Dv, Df)}
     else:
         L, hid = mem["depth"], mem["expansion"] * Dk
         if L == 1:
-            shapes = {"W1": (Dv, Dk)}
+            shapes = {"W1": (Dv, Df)}
         else:
-            shapes = {"W1": (hid, Dk)}
+            shapes = {"W1": (hid, Df)}
             shapes.update({f"W{i}": (hid, hid) for i in range(2, L)})
             shapes[f"W{L}"] = (Dv, hid)
     positive = needs_positive_weights(cfg)
@@ -646,6 +663,12 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         state[n] = w
     if ret["kind"] in ("lq", "elastic"):
         state.update({f"A_{n}": state[n].clone() for n in shapes})
-    if cfg["learner"]["kind"] == "momentum":
+    if cfg["learner"]["kind"] in ("momentum", "muon"):
         state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})
+    c = cfg["bias"].get("window", 1)
+    if c > 1:  # an empty Omega window (γ = 0: no token before the first)
+        state.update(win_k=torch.zeros(B, H, c - 1, Dk, dtype=f64), win_v=torch.zeros(B, H, c - 1, Dv, dtype=f64),
+                     win_gamma=torch.zeros(B, H, c - 1, 1, dtype=f64))
+        if "delta" in cfg["bias"]:
+            state["win_delta"] = torch.zeros(B, H, c - 1, 1, dtype=f64)
     return {key: x.to(dtype) for key, x in state.items()}
