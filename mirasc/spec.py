@@ -208,7 +208,7 @@ VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
     "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
     "retention": {"none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman},
-    "learner": {"gd": GD, "momentum": Momentum, "muon": Muon, "implicit": Implicit,
+    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon,
                 "nonparametric": NonparametricLearner},
     "parallel": {"exact": Exact, "minibatch": Minibatch},
 }
@@ -259,6 +259,18 @@ MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 8.0}
 
 def params_of(cls: type[Form]) -> list[str]:
     return [name for name in cls.model_fields if name != "kind"]
+
+
+# Parameters given by keyword only (they modify a form rather than define it; `lp(3, 0.1, 2)` stays an error)
+KEYWORD_ONLY = {"window", "gamma", "features", "degree"}
+
+
+def positional_params(cls: type[Form]) -> list[str]:
+    """The parameters a positional argument binds to, in declaration order: all but the Omega window of a bias and
+    the feature map of a linear/MLP memory (a nonparametric memory's `window` and `degree` stay positional)."""
+    modifiers = KEYWORD_ONLY if cls in (Linear, MLP) or "window" in cls.model_fields and cls is not Nonparametric \
+        else set()
+    return [p for p in params_of(cls) if p not in modifiers]
 
 
 class Spec(BaseModel):

@@ -72,7 +72,7 @@ ERRORS = [
      ["`mlp` has no parameter `depht`", "did you mean `depth`?",
       "its parameters: `depth`, `expansion`, `act`, `residual`, `norm`"]),
     ("parameter-of-bare-form", model("memory = linear(depth=2)", "bias = l2"), 2, 21,
-     ["`linear` has no parameter `depth`", "its parameters: none"]),
+     ["`linear` has no parameter `depth`", "its parameters: `features`, `degree`"]),
     # ranges
     ("lp-p-below-1", model("memory = linear", "bias = lp(p=0.5)"), 3, 17, ["`lp(p=...)`", ">= 1", "<= 64"]),
     ("lq-q-equal-1", model("memory = linear", "bias = l2", "retention = lq(q=1)"), 4, 22,
