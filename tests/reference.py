@@ -585,14 +585,11 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
 
     o = torch.stack(outs, dim=1)
     final = {}
-    for j, key in enumerate(("win_k", "win_v", "win_delta", "win_gamma")):
-        if key in state:  # the window left at the end: the last c − 1 tokens ([B, H, c − 1, ·])
-            rows = [w[j] if j < 2 else _as_column(w[j], w[0]) for w in window[-(c_win - 1):]]
-            final[key] = torch.stack(rows, dim=2)
     for key in state:
-        if key.startswith("win_"):
-            continue
-        if key.startswith("A_"):
+        if key.startswith("win_"):  # the window left at the end: the last c − 1 tokens ([B, H, c − 1, ·])
+            j = ("win_k", "win_v", "win_delta", "win_gamma").index(key)
+            final[key] = torch.stack([w[j] if j < 2 else _as_column(w[j], w[0]) for w in window[-(c_win - 1):]], 2)
+        elif key.startswith("A_"):
             final[key] = A[key[2:]]
         elif key.startswith("S_"):
             final[key] = S[key[2:]]
