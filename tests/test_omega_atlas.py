@@ -197,6 +197,24 @@ def test_omega_dot_closed_form():
     assert rel(final["W"][0, 0], W) < 1e-12
 
 
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_poly_features_are_based_linear_time_form(algorithm):
+    """features=poly, degree=2 on a linear memory with the dot bias is Based's linear-time form: φ_2(q')·φ_2(k) =
+    1 + s + s²/2 with q' = q·Dk^{-1/2}, s = q'·k; with v′ = [v, 1] the last output channel is the normaliser.
+    Against flash-linear-attention's `naive_parallel_based` (its CPU reference), normalised and not."""
+    naive = pytest.importorskip("fla.ops.based.naive")
+    mod = mirasc.compile_spec("model based_lin { memory = linear(features=poly, degree=2); bias = dot; "
+                              "learner = gd(lr=1) }")
+    g = torch.Generator().manual_seed(4)
+    b, t, h, d, dv = 2, 13, 2, 4, 3
+    q, k, v = (torch.randn(b, h, t, n, generator=g, dtype=f64) for n in (d, d, dv))
+    v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+    o, _ = mod.apply(*(x.transpose(1, 2) for x in (q * d ** -0.5, k, v1)), algorithm=algorithm, chunk_size=5)
+    o = o.transpose(1, 2)
+    assert rel(o[..., :dv], naive.naive_parallel_based(q, k, v, use_norm=False)) < 1e-12
+    assert rel(o[..., :dv] / (o[..., dv:] + 1e-6), naive.naive_parallel_based(q, k, v, use_norm=True)) < 1e-12
+
+
 # --------------------------------------------------------------------------------------- Newton–Schulz
 
 
