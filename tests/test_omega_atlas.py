@@ -44,6 +44,14 @@ CASES = {
         dict(memory=dict(kind="linear"), bias=dict(kind="dot", window=3, gamma="gate"), retention=_DECAY,
              learner=dict(kind="gd", lr="gate"), parallel=None),
         ("recurrent", "chunked")),
+    "omega_custom_pre": (  # a derived custom loss, the decay before the gradient
+        "memory = linear; bias = custom(loss=log(1 + e^2/2), window=3, gamma=gate); "
+        "retention = decay(alpha=gate, order=pre); learner = momentum(lr=gate, theta=gate)",
+        dict(memory=dict(kind="linear"), bias=dict(kind="custom", f=lambda e: torch.log(1 + e * e / 2), window=3,
+                                                    gamma="gate"),
+             retention=dict(kind="decay", alpha="gate", order="pre"),
+             learner=dict(kind="momentum", lr="gate", theta="gate"), parallel=None),
+        ("recurrent",)),
     "omega_huber_mlp": (
         f"memory = {_MLP_SPEC}); bias = huber(delta=gate, mode=mixture, window=3, gamma=gate); "
         f"retention = decay(alpha=gate); learner = gd(lr=gate); parallel = minibatch({C})",
