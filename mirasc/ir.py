@@ -324,7 +324,7 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
         bind[D.delta] = gr.add("input", arg="delta", name="delta")
     if expr.has(D.cprox):
         eta = gr.add("input", arg="eta", name="eta")
-        ksq = gr.add("rowsumsq", k, name="k_sq")
+        ksq = gr.add("rowsumsq", hs[0], name="k_sq")  # ‖x‖² of what the (linear) memory reads: k, or φ_p(k)
         es, ks = sp.Symbol("eta", positive=True), sp.Symbol("ksq", nonnegative=True)
         bind[D.cprox] = gr.ew(es * ks, {es: eta, ks: ksq}, name="c")
     dy = gr.ew(expr, bind, name="dl_dy")

@@ -496,9 +496,10 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         if lrn["kind"] == "implicit":
             # argmin_W 1/2||W k - v||^2 + 1/(2 eta)||W - W'||^2, W' = (pre-decayed) previous state
             Wp = W["W"]
-            kk = (kt * kt).sum(-1)[..., None, None]
-            err = _matvec(Wp, kt) - vt
-            W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kt[..., None, :]}
+            kf = poly_features(kt, mem["features"]) if mem.get("features") else kt  # what the memory reads
+            kk = (kf * kf).sum(-1)[..., None, None]
+            err = _matvec(Wp, kf) - vt
+            W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kf[..., None, :]}
             outs.append(memory_forward(mem, W, qt))
             continue
 

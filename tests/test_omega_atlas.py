@@ -93,7 +93,19 @@ CASES = {
         dict(memory=dict(kind="linear", features=2), bias=dict(kind="l2"),
              retention=dict(kind="decay", alpha="gate", order="pre"), learner=dict(kind="gd", lr="gate"),
              parallel=None),
-        ("recurrent",)),
+        ("recurrent", "chunked")),
+    "poly_linear_implicit": (  # the proximal step's ‖φ(k)‖²; the delta chunk form on the features
+        "memory = linear(features=poly, degree=2); bias = l2; learner = implicit(lr=gate)",
+        dict(memory=dict(kind="linear", features=2), bias=dict(kind="l2"), retention=dict(kind="none"),
+             learner=dict(kind="implicit", lr="gate"), parallel=None),
+        ("recurrent", "chunked")),
+    "poly_linear_rows": (  # value-channel gates: the channel-wise delta chunk form on the features
+        "memory = linear(features=poly, degree=2); bias = l2; retention = decay(alpha=gate(v)); "
+        "learner = gd(lr=gate(v))",
+        dict(memory=dict(kind="linear", features=2), bias=dict(kind="l2"),
+             retention=dict(kind="decay", alpha="gate(v)", order="post"), learner=dict(kind="gd", lr="gate(v)"),
+             parallel=None),
+        ("recurrent", "chunked")),
     "poly_mlp_momentum": (
         f"memory = {_MLP_SPEC}, features=poly, degree=2); bias = l2; retention = decay(alpha=gate); "
         f"learner = momentum(lr=gate, theta=gate); parallel = minibatch({C})",

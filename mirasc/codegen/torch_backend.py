@@ -94,20 +94,17 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         if r.kind not in ("none", "decay") or channel_decay:
             return None, (f"muon's chunk form unrolls W_t = α_t W_{{t−1}} − η_t NS(S_t) with α per head; "
                           f"`retention = {r.kind}`{' with channel-wise α/θ' if channel_decay else ''} has no such "
-                          "unrolling here: use algorithm='recurrent'")
+                          "unrolling here")
         return "muon", ""
-    if (spec.window > 1 or spec.features) and channel_decay:
+    if anchored and (spec.window > 1 or spec.features) and channel_decay:
         return None, ("the channel-wise mini-batch form reads raw keys and one token per step; with an Omega window "
-                      "or features=poly it is not derived: use algorithm='recurrent'")
+                      "or features=poly it is not derived")
     if anchored:
         return "minibatch", ""
     if spec.window > 1:
         return None, (f"with parallel=exact, each token's gradient sums the Omega window's {spec.window} tokens at "
                       "the state the previous token left; no exact chunked form is derived for that (the delta "
                       "chunk form is one token per step); parallel=minibatch(C) has one (Atlas §3.3)")
-    if spec.features:
-        return None, ("the delta chunk form reads raw keys; with features=poly and parallel=exact use "
-                      "algorithm='recurrent', or parallel=minibatch(C)")
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
     return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
