@@ -45,7 +45,7 @@ _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha 
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
         "×": r"\times ", "⊕": r"\oplus ", "⊗": r"\otimes ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
-        "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots "}
+        "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots ", "γ": r"\gamma ", "…": r"\ldots "}
 # words that are functions (upright operators; those with their own macro first)
 _MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
 _OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
@@ -124,9 +124,11 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
 def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     out: list[str] = []
-    if m.kind == "linear" and spec.feature != "identity":
+    p = spec.poly_degree
+    if m.kind == "linear" and (spec.feature != "identity" or p):
         out.append("memory:     M_W(x) = W φ(x),  W ∈ ℝ^{Dv×Dφ}")
-        out.append(f"features:   φ(x) = {FEATURE_TEXT[spec.feature]}")
+        if not p:
+            out.append(f"features:   φ(x) = {FEATURE_TEXT[spec.feature]}")
     elif m.kind == "linear":
         out.append("memory:     M_W(x) = W x,  W ∈ ℝ^{Dv×Dk}")
     else:
@@ -134,7 +136,10 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
                             + [f"y = W{m.depth} h{m.depth - 1}"])
         norm = ", y ← LayerNorm(y)" if m.norm == "layernorm" else ""
         res = ", M(x) = x + y" if m.residual else ", M(x) = y"
-        out.append(f"memory:     h0 = x, {layers}{norm}{res}")
+        out.append(f"memory:     h0 = {'φ(x)' if p else 'x'}, {layers}{norm}{res}")
+    if p:
+        terms = ", ".join(["1", "x", "x⊗x/√2!", "x^⊗3/√3!", "x^⊗4/√4!"][:p + 1])
+        out.append(f"features:   φ(x) = [{terms}] (p = {p}), so φ(q)·φ(k) = Σ_{{i≤{p}}} (q·k)^i / i!")
     loss_text = d.loss_text
     if spec.bias.kind == "custom":  # the loss itself is an expression: print it like the derived ones
         loss_text = f"ℓ = Σᵢ f(eᵢ),  f(e) = {_show(d.loss, latex)}"
@@ -168,6 +173,10 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"gradient:   g_t = (M_W(κ_t) − v_t) k_tᵀ at {at}   (error read at κ, stepped along k)")
     elif gdelta == "erase":  # l2(erase=kappa): erase at κ; the write v kᵀ follows the learner
         out.append(f"gradient:   g_t = ∇_W ½‖M_W(κ_t)‖² = (W κ_t) κ_tᵀ at {at}   (the erase at κ)")
+    elif spec.window > 1:
+        c, gam = spec.window, _sym(spec.bias.gamma, "γ").replace("_t", "_i")
+        out.append(f"gradient:   g_t = ∇_W Σ_{{i=t−{c - 1}..t}} {gam}·ℓ(M_W(k_i), v_i) at {at}   (the Omega rule, "
+                   f"c = {c}; each term with token i's own coefficients; tokens before the first are absent)")
     else:
         out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
     lr = getattr(l, "lr", 1.0)
@@ -180,6 +189,9 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         step = f"{_sym(lr, 'η')}·g_t"
     if l.kind == "momentum":
         out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} − {step},  U_t = S_t")
+    elif l.kind == "muon":
+        out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} + g_t,  "
+                   f"U_t = −{_sym(lr, 'η')}·NS_{l.ns_steps}(S_t)   (Newton–Schulz on each weight matrix)")
     elif gdelta == "erase":
         out.append(f"learner:    U_t = −{step} + v_t k_tᵀ   (the write, at unit rate)")
     else:

@@ -283,10 +283,11 @@ class _Builder:
             else:
                 if positional_done:
                     raise self.err(a, "a positional argument cannot follow a keyword argument")
-                if i >= len(params):
-                    raise self.err(a, f"`{name}` takes at most {len(params)} argument(s) "
-                                   f"({_one_of(params) if params else 'none'})")
-                key, expr = params[i], a.children[0]
+                positional = S.positional_params(cls)
+                if i >= len(positional):
+                    raise self.err(a, f"`{name}` takes at most {len(positional)} argument(s) by position "
+                                   f"({_one_of(positional) if positional else 'none'})")
+                key, expr = positional[i], a.children[0]
             if key in kwargs:
                 raise self.err(a, f"parameter `{key}` of `{name}` given twice")
             kwargs[key] = self.value(field, name, key, expr)

@@ -38,6 +38,7 @@ ARITY = {
     "layernorm_bwd": 2,  # (z, dℓ/dy) -> dℓ/dz for y = LayerNorm(z)
     "rowsum": 1,       # Σ t over the last axis, keepdim (a vector's cotangent flowing into a scalar)
     "layernorm_bwd2": 3,  # (z, dy, g) -> ∂/∂z ⟨g, layernorm_bwd(z, dy)⟩ (reverse mode through LayerNorm's backward)
+    "features": 1,     # φ_p(x) = [1, x, x⊗x/√2!, …, x^⊗p/√p!] over the last axis (arg: p; Atlas' polynomial map)
     "output": 1,
 }
 MATMUL_OPS = ("layer", "linear", "linear_t")
@@ -270,7 +271,8 @@ def _forward(gr: Graph, spec: S.Spec, d: D.Derivation, x: int, weights: list[int
     Returns (out, pre_activations, hidden_inputs, y_pre_norm)."""
     m = spec.memory
     depth = m.depth if m.kind == "mlp" else 1
-    h = x
+    # feature=poly: the first layer reads φ_p(x) (the residual below still adds x itself)
+    h = gr.add("features", x, arg=spec.poly_degree, name="phi") if spec.poly_degree else x
     zs, hs = [], []
     for i in range(depth):
         hs.append(h)
@@ -322,7 +324,7 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
         bind[D.delta] = gr.add("input", arg="delta", name="delta")
     if expr.has(D.cprox):
         eta = gr.add("input", arg="eta", name="eta")
-        ksq = gr.add("rowsumsq", k, name="k_sq")
+        ksq = gr.add("rowsumsq", hs[0], name="k_sq")  # ‖x‖² of what the (linear) memory reads: k, or φ_p(k)
         es, ks = sp.Symbol("eta", positive=True), sp.Symbol("ksq", nonnegative=True)
         bind[D.cprox] = gr.ew(es * ks, {es: eta, ks: ksq}, name="c")
     dy = gr.ew(expr, bind, name="dl_dy")

@@ -34,8 +34,8 @@ over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), a c
 constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
-GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
-GATE_ORDER = ("eta", "alpha", "theta", "delta")
+GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma"}
+GATE_ORDER = ("eta", "alpha", "theta", "delta", "gamma")
 # Per-token inputs of the op that are not coefficients (keys): name -> the channels they span. They are
 # declared by the module as EXTRAS and passed as `apply(..., extras={name: [B, T, H, Dk]})`.
 EXTRA_INPUTS = {"kappa": "k"}
@@ -45,6 +45,7 @@ COEF_RANGE = {
     "alpha": (lambda x: x >= 0, lambda x: x <= 1, "a retention factor is in [0, 1]"),
     "theta": (lambda x: x >= 0, lambda x: x <= 1, "a momentum factor is in [0, 1]"),
     "delta": (lambda x: x > 0, lambda x: True, "a Huber threshold is > 0"),
+    "gamma": (lambda x: x >= 0, lambda x: x <= 1, "an Omega-rule token weight is in [0, 1]"),
 }
 # Value a coefficient takes when the spec does not declare it.
 UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
@@ -63,13 +64,15 @@ class Linear(Form):
     normaliser"."""
 
     kind: Literal["linear"] = "linear"
-    feature: Literal["identity", "elu1", "taylor", "hedgehog"] = "identity"
+    feature: Literal["identity", "elu1", "taylor", "hedgehog", "poly"] = "identity"
+    degree: Annotated[int, Field(ge=1, le=4)] = 2  # p of feature=poly (Atlas' φ_p); unused by the other maps
     normalize: bool = False
     eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
 
 
 # Feature widths Dφ of a key width D (docs/semantics.md, "Feature maps and the normaliser").
-FEATURE_WIDTH = {"identity": "D", "elu1": "D", "taylor": "1 + D + D(D+1)/2", "hedgehog": "2D"}
+FEATURE_WIDTH = {"identity": "D", "elu1": "D", "taylor": "1 + D + D(D+1)/2", "hedgehog": "2D",
+                 "poly": "1 + D + … + D^p"}
 
 
 class MLP(Form):
@@ -79,6 +82,8 @@ class MLP(Form):
     act: Literal["gelu", "silu", "relu", "tanh", "identity"] = "gelu"
     residual: bool = True
     norm: Literal["layernorm", "none"] = "layernorm"
+    feature: Literal["identity", "poly"] = "identity"   # poly: the first layer reads φ_p(x); the residual adds x
+    degree: Annotated[int, Field(ge=1, le=4)] = 2
 
 
 class Nonparametric(Form):
@@ -101,6 +106,9 @@ class Nonparametric(Form):
 # ------------------------------------------------------------------------------------- bias
 class Dot(Form):
     kind: Literal["dot"] = "dot"
+    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
+    window: Annotated[int, Field(ge=1, le=64)] = 1
+    gamma: Coef = 1.0
 
 
 class L2(Form):
@@ -111,23 +119,35 @@ class L2(Form):
     kind: Literal["l2"] = "l2"
     read: Literal["key", "kappa"] = "key"
     erase: Literal["key", "kappa"] = "key"
+    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
+    window: Annotated[int, Field(ge=1, le=64)] = 1
+    gamma: Coef = 1.0
 
 
 class Lp(Form):
     kind: Literal["lp"] = "lp"
     p: Annotated[float, Field(ge=1, le=64)]
     eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
+    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
+    window: Annotated[int, Field(ge=1, le=64)] = 1
+    gamma: Coef = 1.0
 
 
 class Huber(Form):
     kind: Literal["huber"] = "huber"
     delta: Coef = GATE
     mode: Literal["coordinate", "mixture"] = "coordinate"
+    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
+    window: Annotated[int, Field(ge=1, le=64)] = 1
+    gamma: Coef = 1.0
 
 
 class Custom(Form):
     kind: Literal["custom"] = "custom"
     loss: Any  # a sympy expression in the symbol `e`
+    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
+    window: Annotated[int, Field(ge=1, le=64)] = 1
+    gamma: Coef = 1.0
 
 
 # -------------------------------------------------------------------------------- retention
@@ -183,6 +203,17 @@ class Momentum(Form):
     steps: Steps = 1  # accepted by the grammar so that steps > 1 is rejected with its reason (check_combination)
 
 
+class Muon(Form):
+    """Atlas' inner optimiser: S_t = θ_t S_{t-1} + ∇ℓ_t, U_t = -η_t NS_k(S_t), the momentum orthogonalised by
+    `ns_steps` quintic Newton–Schulz iterations, each weight matrix on its own (docs/semantics.md, "Muon")."""
+
+    kind: Literal["muon"] = "muon"
+    lr: Coef = GATE
+    theta: Coef = GATE
+    ns_steps: Annotated[int, Field(ge=1, le=32)] = 5
+    steps: Steps = 1  # accepted by the grammar so that steps > 1 is rejected with its reason (check_combination)
+
+
 class Implicit(Form):
     kind: Literal["implicit"] = "implicit"
     lr: Coef = GATE
@@ -212,7 +243,8 @@ VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
     "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
     "retention": {"none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman},
-    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "nonparametric": NonparametricLearner},
+    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon,
+                "nonparametric": NonparametricLearner},
     "parallel": {"exact": Exact, "minibatch": Minibatch},
 }
 FIELDS = tuple(VOCABULARY)
@@ -243,6 +275,7 @@ class LayerOptions(Form):
     eta_bias: Annotated[float, Field(ge=-20, le=20)] = -2.0    # η = eta_max·sigmoid(eta_bias + ·) at init
     theta_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0   # momentum θ = sigmoid(theta_bias + ·) at init
     delta_bias: Annotated[float, Field(ge=-20, le=100)] = 0.5  # Huber δ = softplus(delta_bias + ·) at init
+    gamma_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0   # Omega token weight γ = sigmoid(gamma_bias + ·) at init
     qk_norm: Literal["l2", "none"] = "l2"
     out_norm: Literal["rms", "none"] = "rms"
     out_gate: bool = True
@@ -263,13 +296,25 @@ def params_of(cls: type[Form]) -> list[str]:
     return [name for name in cls.model_fields if name != "kind"]
 
 
+# Parameters given by keyword only (they modify a form rather than define it; `lp(3, 0.1, 2)` stays an error)
+KEYWORD_ONLY = {"window", "gamma", "feature", "degree"}
+
+
+def positional_params(cls: type[Form]) -> list[str]:
+    """The parameters a positional argument binds to, in declaration order: all but the Omega window of a bias and
+    the feature map of a linear/MLP memory (a nonparametric memory's `window` and `degree` stay positional)."""
+    modifiers = KEYWORD_ONLY if cls in (Linear, MLP) or "window" in cls.model_fields and cls is not Nonparametric \
+        else set()
+    return [p for p in params_of(cls) if p not in modifiers]
+
+
 class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     name: str
     memory: Linear | MLP | Nonparametric
     bias: Dot | L2 | Lp | Huber | Custom
     retention: NoRetention | Decay | Lq | KL | Elastic | Bregman
-    learner: GD | Momentum | Implicit | NonparametricLearner
+    learner: GD | Momentum | Muon | Implicit | NonparametricLearner
     parallel: Exact | Minibatch
     layer: LayerOptions = LayerOptions()
 
@@ -300,6 +345,8 @@ class Spec(BaseModel):
         out: dict[str, Coef] = {}
         for form in (self.bias, self.retention, self.learner):
             for param, value in form:
+                if param == "gamma" and not self.window > 1:
+                    continue  # the Omega weights exist only with a window (check_combination rejects γ without one)
                 if param in GATE_OF_PARAM:
                     out[GATE_OF_PARAM[param]] = value
         return out
@@ -310,8 +357,10 @@ class Spec(BaseModel):
 
     @property
     def feature(self) -> str:
-        """The key/query feature map of a linear memory ("identity" otherwise)."""
-        return self.memory.feature if self.memory.kind == "linear" else "identity"
+        """The key/query feature map the op applies around a linear memory (elu1, taylor, hedgehog; "identity"
+        otherwise). `feature=poly` is not one of them: the memory itself reads φ_p(x) (`poly_degree`)."""
+        f = self.memory.feature if self.memory.kind == "linear" else "identity"
+        return "identity" if f == "poly" else f
 
     @property
     def normalized(self) -> bool:
@@ -322,6 +371,18 @@ class Spec(BaseModel):
     def composite(self) -> bool:
         """A linear memory with a feature map or a normaliser: the op maps its inputs around the plain memory."""
         return self.feature != "identity" or self.normalized
+
+    @property
+    def window(self) -> int:
+        """c of the Omega rule: the bias is summed over the last c tokens (1: the online bias of CONTRACT §3)."""
+        return getattr(self.bias, "window", 1)
+
+    @property
+    def poly_degree(self) -> int:
+        """Degree p of the memory's polynomial feature map φ_p (`feature=poly, degree=p`), or 0 when the memory
+        reads its input as is."""
+        m = self.memory
+        return m.degree if getattr(m, "feature", "identity") == "poly" else 0
 
     @property
     def has_expressions(self) -> bool:
@@ -373,10 +434,11 @@ class Spec(BaseModel):
     def weight_dims(self) -> list[tuple[str, str]]:
         """(rows, cols) of each weight in `weights`, as k = Dk, v = Dv, e = expansion·Dk (MLP hidden width)."""
         m = self.memory
+        x = "f" if self.poly_degree else "k"  # the first layer reads φ_p(x), of width f = Σ_{i<=p} Dk^i
         if m.kind == "linear" or (m.kind == "mlp" and m.depth == 1):
-            return [("v", "k")]
+            return [("v", x)]
         if m.kind == "mlp":
-            return [("e", "k")] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
+            return [("e", x)] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
         return []
 
     def canonical(self) -> str:
@@ -394,12 +456,16 @@ class Spec(BaseModel):
 
 def form_text(form: Form) -> str:
     """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
-    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key`, a learner's `steps=1` and `linear`'s parameters
-    at their defaults (§3), left out so that every spec written before them reads as before."""
+    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key`, a learner's `steps=1`, a bias's `window=1`/`gamma=1`
+    (no Omega rule), a memory's `feature=identity` (with `degree`, which only `feature=poly` reads) and `linear`'s
+    `normalize`/`eps` at their defaults (§3), left out so that every spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
             if p != "kind" and v is not None and not (p == "readout" and v == "token")
             and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)
-            and not (form.kind == "linear" and v == type(form).model_fields[p].default)]
+            and not (p == "window" and v == 1) and not (p == "gamma" and v == 1.0)
+            and not (p == "feature" and v == "identity")
+            and not (p == "degree" and getattr(form, "feature", "") != "poly")
+            and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -530,6 +596,9 @@ def check_combination(spec: Spec) -> None:
     _check_generalized_delta(spec)
     _check_steps(spec)
     _check_composite(spec)
+    _check_omega(spec)
+    _check_features(spec)
+    _check_muon(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -633,6 +702,14 @@ def _check_steps(spec: Spec) -> None:
                         "previous one left; under `minibatch(C)` every gradient is taken at the chunk's anchor, so "
                         "the n steps would collapse into one step on their summed loss: write `parallel = exact`",
                         param="steps")
+    if l.kind == "muon":
+        raise Rejection("learner", "`muon(steps=n)` is not defined: muon keeps a momentum buffer, which would enter "
+                        "W at each of the n sub-steps as momentum's would; use `gd(steps=n)` or `implicit(steps=n)`",
+                        param="steps")
+    if spec.window > 1:
+        raise Rejection("bias", "an Omega window (`window=c`) with `steps=n` is not defined: the window would have to "
+                        "count either tokens (n pairs each, γ per token) or sub-steps, and neither is implemented; "
+                        "use `window=1`, or `steps=1`", param="window")
     if spec.composite:
         raise Rejection("learner", "`steps=n` with a feature map or the normaliser (`linear(feature=..., "
                         "normalize=...)`) is not supported: the op would have to map each of a token's n keys and "
@@ -673,3 +750,72 @@ def _check_composite(spec: Spec) -> None:
     if "v" in sides:
         raise Rejection("memory", "`normalize=true` with a `gate(v)` coefficient: the normaliser has no value "
                         "channel for it to scale; use `gate` or `gate(k)`", param="normalize")
+
+
+def _check_omega(spec: Spec) -> None:
+    """The Omega rule (docs/semantics.md, "The Omega rule"): ℓ_t(W) = Σ_{i=t−c+1..t} γ_i ℓ(W; k_i, v_i), and what has no
+    defined meaning with it."""
+    b, l, par = spec.bias, spec.learner, spec.parallel
+    c, gamma = spec.window, getattr(b, "gamma", 1.0)
+    if c == 1:
+        if gamma != 1.0:
+            raise Rejection("bias", "`gamma` weighs the tokens of an Omega window; with window=1 (the online bias) it "
+                            "would only rescale the learning rate: give a window, e.g. `window=4`, or drop gamma",
+                            param="gamma")
+        return
+    if gamma in (GATE_K, GATE_V):
+        raise Rejection("bias", f"`gamma={gamma}`: the Omega rule weighs each token's whole loss by one number "
+                        "γ_i per head: write `gamma=gate` or a constant", param="gamma")
+    if spec.generalized_delta:
+        raise Rejection("bias", "the Omega window sums the bias over past tokens at the current state; with separate "
+                        "erase/regression keys (read/erase=kappa) that sum is not the generalized delta transition "
+                        "any more: use `l2` with a window, or read/erase=kappa without one", param="window")
+    if l.kind == "implicit":
+        raise Rejection("learner", "`implicit` solves a one-token proximal step in closed form; the Omega window's "
+                        f"sum over {c} tokens has none: use gd, momentum or muon")
+    if getattr(l, "lr", None) in (GATE_K, GATE_V):
+        raise Rejection("learner", f"`lr={l.lr}` is folded into each token's loss, so over an Omega window it would "
+                        "weigh token i's loss by η_i rather than step t's η_t: use `lr=gate` (the window's per-token "
+                        "weights are `gamma`)", param="lr")
+    if par.kind == "minibatch" and par.readout == "chunk":
+        raise Rejection("parallel", "readout=chunk (lq/kl chunk readouts) is not defined with an Omega window: use "
+                        "readout=token", param="readout")
+
+
+def _check_features(spec: Spec) -> None:
+    """Polynomial features of the memory's input (docs/semantics.md, "Features")."""
+    if not spec.poly_degree:
+        if spec.memory.kind in ("linear", "mlp") and spec.memory.degree != 2:
+            raise Rejection("memory", "`degree` is the degree p of `feature=poly` (φ_p); the other feature maps have "
+                            "none: drop it, or write `feature=poly`", param="degree")
+        return
+    if spec.normalized:
+        raise Rejection("memory", "`normalize=true` with `feature=poly`: the normaliser is kept for the maps the op "
+                        "applies around the memory (elu1, taylor, hedgehog), while φ_p is part of the memory itself; "
+                        "for normalised second-order features write `feature=taylor` (the same kernel as poly "
+                        "degree 2)", param="normalize")
+    if spec.generalized_delta:
+        raise Rejection("memory", "`feature=poly` maps the key and query; the regression/erase key κ of "
+                        "read/erase=kappa would need the same map, which is not defined here: drop one of them",
+                        param="feature")
+    for g, side in spec.gate_channels().items():
+        if side == "k":
+            name = {v: k for k, v in GATE_OF_PARAM.items()}[g]
+            field = "learner" if g == "eta" else "retention" if g == "alpha" else "learner"
+            raise Rejection(field, f"`{name}=gate(k)` acts on the memory's key channels, but with `feature=poly` the "
+                            "first layer reads φ_p(k), whose columns are the features, not the key channels: use "
+                            f"`{name}=gate` or `gate(v)`", param=name)
+
+
+def _check_muon(spec: Spec) -> None:
+    """Muon (docs/semantics.md, "Muon"): S_t = θ_t S_{t−1} + ∇ℓ_t, U_t = −η_t NS_k(S_t) per weight matrix."""
+    l, par = spec.learner, spec.parallel
+    if l.kind != "muon":
+        return
+    if l.lr in (GATE_K, GATE_V):
+        raise Rejection("learner", f"`lr={l.lr}` would weigh the loss per channel before the momentum is "
+                        "orthogonalised, and Newton–Schulz mixes the channels again; muon's η_t scales the "
+                        "orthogonalised step: write `lr=gate`", param="lr")
+    if par.kind == "minibatch" and par.readout == "chunk":
+        raise Rejection("parallel", "readout=chunk (lq/kl) is not defined with muon: use readout=token",
+                        param="readout")

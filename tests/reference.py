@@ -26,6 +26,13 @@ of W and S; ``lr=gate(v)`` weights the loss per output channel, ℓ = Σᵢ η�
 U = -g·diag(η); ``delta=gate(v)`` is a Huber threshold per output channel.
 Optional ``gate_ranges`` only steers :func:`make_inputs` (it is not part of the semantics).
 
+Atlas (docs/semantics.md, "The Omega rule", "Features", "Muon"): ``bias=dict(..., window=c, gamma=...)`` takes
+g_t = ∇ Σ_{i=t−c+1..t} γ_i ℓ(W; k_i, v_i) by autograd on that written-out sum (each term with token i's own δ; the
+state's ``win_*`` entries are the c − 1 tokens before the first, γ = 0 where empty);
+``memory=dict(..., feature="poly", degree=p)`` reads φ_p(x) = [1, x, x⊗x/√2!, …] in the first layer (the residual
+adds x); ``learner=dict(kind="muon", lr, theta, ns_steps)`` is S_t = θ_t S_{t−1} + g_t, U_t = −η_t NS(S_t) with
+the quintic Newton–Schulz written out below.
+
 The generalized delta transition (docs/semantics.md, "Erase and write keys apart"): ``bias=dict(kind="l2",
 read="kappa")`` reads the error at the regression key κ and steps along k, g = (M(κ) − v) kᵀ;
 ``erase="kappa"`` takes g = ∇½‖M(κ)‖² (autograd) and adds the write v kᵀ to the step at unit rate. κ is read
@@ -46,8 +53,9 @@ import torch.nn.functional as F
 
 Tensor = torch.Tensor
 
-GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta"}
-DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0)}
+GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma"}
+DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0),
+                       "gamma": (0.0, 1.0)}
 
 _MLP = dict(kind="mlp", depth=2, expansion=4, act="gelu", residual=True, norm="layernorm")
 _LINEAR = dict(kind="linear")
@@ -259,6 +267,21 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr="gate"),
         parallel=16,
     ),
+    "atlas": dict(
+        memory=dict(_MLP, feature="poly", degree=2),
+        bias=dict(kind="l2", window=4, gamma="gate"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5),
+        parallel=64,
+    ),
+    "omega_yaad": dict(
+        memory=_MLP,
+        bias=dict(kind="huber", delta="gate", mode="mixture", window=4, gamma="gate"),
+        retention=dict(kind="decay", alpha="gate", order="post"),
+        learner=dict(kind="gd", lr="gate"),
+        parallel=64,
+        gate_ranges=dict(delta=(2.5, 6.0)),  # (as yaad: both branches of the mixture are taken)
+    ),
     "yaad": dict(
         memory=_MLP,
         bias=dict(kind="huber", delta="gate", mode="mixture"),
@@ -279,7 +302,7 @@ REF_CONFIGS: dict[str, dict] = {
 def feature_map(kind: str | None, x: Tensor) -> Tensor:
     """φ(x) over the last axis (docs/semantics.md, "Feature maps and the normaliser"): elu1 = elu(x) + 1; taylor =
     [1, x_1..x_D, x_1²/√2..x_D²/√2, then x_i x_j for i < j in row-major order]; hedgehog at U = I, c = 0."""
-    if kind in (None, "identity"):
+    if kind in (None, "identity", "poly"):  # (poly is read inside the memory: memory_forward)
         return x
     if kind == "elu1":
         return F.elu(x) + 1
@@ -293,7 +316,15 @@ def feature_map(kind: str | None, x: Tensor) -> Tensor:
     raise ValueError(f"unknown feature map {kind!r}")
 
 
+def poly_degree(mem: dict) -> int:
+    """p of ``feature="poly", degree=p`` (the memory reads φ_p(x) in its first layer), or 0."""
+    return mem.get("degree", 2) if mem.get("feature") == "poly" else 0
+
+
 def feature_width(mem: dict, Dk: int) -> int:
+    """The width of what the memory's (first layer's) weight reads: Dφ of a feature map, Σ_{i<=p} Dk^i for poly."""
+    if poly_degree(mem):
+        return sum(Dk ** i for i in range(poly_degree(mem) + 1))
     return feature_map(mem.get("feature"), torch.zeros(Dk, dtype=torch.float64)).shape[-1] if mem["kind"] == "linear" \
         else Dk
 
@@ -327,10 +358,12 @@ def state_keys(cfg) -> list[str]:
     keys = list(names)
     if cfg["retention"]["kind"] in ("lq", "elastic"):
         keys += [f"A_{n}" for n in names]
-    if cfg["learner"]["kind"] == "momentum":
+    if cfg["learner"]["kind"] in ("momentum", "muon"):
         keys += [f"S_{n}" for n in names]
     if cfg["memory"].get("normalize") is not None:
         keys.append("z")
+    if cfg["bias"].get("window", 1) > 1:
+        keys += ["win_k", "win_v", "win_gamma"] + (["win_delta"] if "delta" in cfg["bias"] else [])
     return keys
 
 
@@ -376,13 +409,34 @@ def _matvec(W: Tensor, x: Tensor) -> Tensor:
     return torch.einsum("bhmn,bhn->bhm", W, x)
 
 
+def poly_features(x: Tensor, p: int) -> Tensor:
+    """φ_p(x) = [1, x, x⊗x/√2!, …, x^⊗p/√p!] over the last axis (row-major tensor powers)."""
+    parts, power = [torch.ones_like(x[..., :1]), x], x
+    for i in range(2, p + 1):
+        power = torch.einsum("...a,...b->...ab", power, x).reshape(*x.shape[:-1], -1)
+        parts.append(power / math.sqrt(math.factorial(i)))
+    return torch.cat(parts, dim=-1)
+
+
+def newton_schulz(G: Tensor, steps: int) -> Tensor:
+    """The quintic Newton–Schulz iteration of Muon on each matrix: X_0 = G/(‖G‖_F + 1e-7) in the orientation with
+    fewer rows, X ← 3.4445 X − 4.7750 (XXᵀ)X + 2.0315 (XXᵀ)²X."""
+    X = G.mT if G.shape[-2] > G.shape[-1] else G
+    X = X / (torch.sqrt((X * X).sum((-2, -1), keepdim=True)) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        X = 3.4445 * X - 4.7750 * (A @ X) + 2.0315 * (A @ (A @ X))
+    return X.mT if G.shape[-2] > G.shape[-1] else X
+
+
 def memory_forward(mem: dict, Ws: dict[str, Tensor], x: Tensor) -> Tensor:
     """M_W(x) for x [B,H,Dk]; returns [B,H,Dv]."""
+    inp = poly_features(x, poly_degree(mem)) if poly_degree(mem) else x
     if mem["kind"] == "linear":
-        return _matvec(Ws["W"], x)
+        return _matvec(Ws["W"], inp)
     names = weight_names(mem)
     act = _ACTS[mem["act"]]
-    h = x
+    h = inp
     for n in names[:-1]:
         h = act(_matvec(Ws[n], h))
     y = _matvec(Ws[names[-1]], h)
@@ -422,6 +476,18 @@ def bias_loss(bias: dict, y: Tensor, v: Tensor, delta, weight=1.0) -> Tensor:
     raise ValueError(f"unknown bias {kind!r}")
 
 
+def window_grad(cfg: dict, Ws: dict[str, Tensor], window: list, create_graph=True):
+    """The Omega rule: ∇ Σ_i γ_i ℓ(M_W(k_i), v_i; δ_i) over the window's (k_i, v_i, δ_i, γ_i), by autograd."""
+    names = list(Ws)
+    leaves = [Ws[n] if Ws[n].requires_grad else Ws[n].detach().requires_grad_(True) for n in names]
+    Wl = dict(zip(names, leaves))
+    loss = sum((gamma[..., 0, 0] if isinstance(gamma, Tensor) else gamma)
+               * bias_loss(cfg["bias"], memory_forward(cfg["memory"], Wl, ki), vi, delta)
+               for ki, vi, delta, gamma in window)
+    grads = torch.autograd.grad(loss.sum(), leaves, create_graph=create_graph)
+    return dict(zip(names, grads))
+
+
 def memory_grad(cfg: dict, Ws: dict[str, Tensor], k: Tensor, v: Tensor, delta, create_graph=True, weight=1.0):
     """g = d l(M_W(k), v) / dW for each weight matrix, by autograd (differentiable: create_graph)."""
     names = list(Ws)
@@ -453,6 +519,11 @@ def elastic_readout(A: Tensor, lam: float) -> Tensor:
 
 # --------------------------------------------------------------------------------------------------
 # the op
+
+
+def _as_column(x, like: Tensor) -> Tensor:
+    """A per-token scalar coefficient ([B, H, 1, 1] tensor or a float) as [B, H, 1]."""
+    return x[..., 0] if isinstance(x, Tensor) else torch.full_like(like[..., :1], float(x))
 
 
 def reference_apply(cfg, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], state: dict[str, Tensor]):
@@ -495,8 +566,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         raise NotImplementedError("the normaliser is defined with dot, gd, retention none or decay")
     z = state["z"] if eps is not None else None
     n_steps = cfg.get("steps", 1)
-    if n_steps > 1 and (C is not None or lrn["kind"] == "momentum"):
-        raise ValueError("steps=n is defined with parallel exact and a gd or implicit learner")
+    if n_steps > 1 and (C is not None or lrn["kind"] in ("momentum", "muon") or cfg["bias"].get("window", 1) > 1):
+        raise ValueError("steps=n is defined with parallel exact, a gd or implicit learner and no Omega window")
     if n_steps > 1 and (eps is not None or mem.get("feature") not in (None, "identity")):
         raise NotImplementedError("steps=n with a feature map or the normaliser is not defined (spec.py rejects it)")
     # the inputs of sub-step j: k, v, η and κ have one per sub-step (axis 3), the other gates one per token
@@ -508,8 +579,15 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     W = {n: state[n] for n in names}
     A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
     S = None
-    if lrn["kind"] == "momentum":
+    if lrn["kind"] in ("momentum", "muon"):
         S = {n: state.get(f"S_{n}", torch.zeros_like(W[n])) for n in names}
+    c_win = cfg["bias"].get("window", 1)
+    window = []  # the Omega window: (k_i, v_i, δ_i, γ_i) of the last c tokens, the state's c − 1 first
+    if c_win > 1:
+        for j in range(c_win - 1):
+            d_j = state["win_delta"][:, :, j][..., None] if "win_delta" in state else 0.0
+            gamma_j = state["win_gamma"][:, :, j][..., None]
+            window.append((state["win_k"][:, :, j], state["win_v"][:, :, j], d_j, gamma_j))
     anchor = W
     Z = None  # kl with α over key channels: the log-space accumulator (below)
     outs = []
@@ -530,9 +608,10 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         if lrn["kind"] == "implicit":
             # argmin_W 1/2||W k - v||^2 + 1/(2 eta)||W - W'||^2, W' = (pre-decayed) previous state
             Wp = W["W"]
-            kk = (kt * kt).sum(-1)[..., None, None]
-            err = _matvec(Wp, kt) - vt
-            W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kt[..., None, :]}
+            kf = poly_features(kt, poly_degree(mem)) if poly_degree(mem) else kt  # what the memory reads
+            kk = (kf * kf).sum(-1)[..., None, None]
+            err = _matvec(Wp, kf) - vt
+            W = {"W": Wp - eta / (1.0 + eta * kk) * err[..., :, None] * kf[..., None, :]}
             if last:
                 outs.append(memory_forward(mem, W, qt))
             continue
@@ -557,6 +636,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             g = {"W": err[..., :, None] * kt[..., None, :]}
         elif erase:  # the erase: the gradient of ½‖M(κ)‖² (l2 towards 0 at κ)
             g = memory_grad(cfg, W, gates["kappa"][:, t], torch.zeros_like(vt), delta, create_graph, weight)
+        elif c_win > 1:
+            window = (window + [(kt, vt, delta, _coef(cfg["bias"].get("gamma", 1.0), "gamma", gates, t, 1.0))])[-c_win:]
+            g = window_grad(cfg, anchor if C is not None else W, window, create_graph)
         else:
             g = memory_grad(cfg, anchor if C is not None else W, kt, vt, delta, create_graph, weight)
 
@@ -567,6 +649,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         elif lrn["kind"] == "momentum":
             S = {n: theta * S[n] - eta * g[n] for n in names}
             U = S
+        elif lrn["kind"] == "muon":
+            S = {n: theta * S[n] + g[n] for n in names}
+            U = {n: -eta * newton_schulz(S[n], lrn["ns_steps"]) for n in names}
         else:
             raise ValueError(f"unknown learner {lrn['kind']!r}")
 
@@ -624,6 +709,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     for key in state:
         if key == "z":
             final[key] = z
+        elif key.startswith("win_"):  # the window left at the end: the last c − 1 tokens ([B, H, c − 1, ·])
+            j = ("win_k", "win_v", "win_delta", "win_gamma").index(key)
+            final[key] = torch.stack([w[j] if j < 2 else _as_column(w[j], w[0]) for w in window[-(c_win - 1):]], 2)
         elif key.startswith("A_"):
             final[key] = A[key[2:]]
         elif key.startswith("S_"):
@@ -673,14 +761,15 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
     mem, ret = cfg["memory"], cfg["retention"]
     g = torch.Generator().manual_seed(seed + 7919)
     f64 = torch.float64
+    Df = feature_width(mem, Dk)  # the width of φ(k): what the (first layer of the) memory reads
     if mem["kind"] == "linear":
-        shapes = {"W": (Dv, feature_width(mem, Dk))}
+        shapes = {"W": (Dv, Df)}
     else:
         L, hid = mem["depth"], mem["expansion"] * Dk
         if L == 1:
-            shapes = {"W1": (Dv, Dk)}
+            shapes = {"W1": (Dv, Df)}
         else:
-            shapes = {"W1": (hid, Dk)}
+            shapes = {"W1": (hid, Df)}
             shapes.update({f"W{i}": (hid, hid) for i in range(2, L)})
             shapes[f"W{L}"] = (Dv, hid)
     positive = needs_positive_weights(cfg)
@@ -696,8 +785,15 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         state[n] = w
     if ret["kind"] in ("lq", "elastic"):
         state.update({f"A_{n}": state[n].clone() for n in shapes})
-    if cfg["learner"]["kind"] == "momentum":
+    if cfg["learner"]["kind"] in ("momentum", "muon"):
         state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})
     if mem.get("normalize") is not None:  # the normaliser: a sum of positive features, so positive entries
         state["z"] = torch.rand(B, H, 1, shapes["W"][1], generator=g, dtype=f64)
+    c = cfg["bias"].get("window", 1)
+    if c > 1:  # an empty Omega window (γ = 0: no token before the first)
+        Dw = feature_map(mem.get("feature"), torch.zeros(Dk, dtype=f64)).shape[-1]  # the keys the memory is given
+        state.update(win_k=torch.zeros(B, H, c - 1, Dw, dtype=f64), win_v=torch.zeros(B, H, c - 1, Dv, dtype=f64),
+                     win_gamma=torch.zeros(B, H, c - 1, 1, dtype=f64))
+        if "delta" in cfg["bias"]:
+            state["win_delta"] = torch.zeros(B, H, c - 1, 1, dtype=f64)
     return {key: x.to(dtype) for key, x in state.items()}

@@ -71,10 +71,10 @@ ERRORS = [
     ("unknown-parameter", model("memory = mlp(depht=2)", "bias = l2"), 2, 18,
      ["`mlp` has no parameter `depht`", "did you mean `depth`?",
       "its parameters: `depth`, `expansion`, `act`, `residual`, `norm`"]),
-    ("parameter-of-bare-form", model("memory = linear", "bias = dot(depth=2)"), 3, 16,
-     ["`dot` has no parameter `depth`", "its parameters: none"]),
+    ("parameter-of-bare-form", model("memory = linear", "bias = l2", "retention = none(depth=2)"), 4, 22,
+     ["`none` has no parameter `depth`", "its parameters: none"]),
     ("parameter-of-linear", model("memory = linear(depth=2)", "bias = l2"), 2, 21,
-     ["`linear` has no parameter `depth`", "its parameters: `feature`, `normalize`, `eps`"]),
+     ["`linear` has no parameter `depth`", "its parameters: `feature`, `degree`, `normalize`, `eps`"]),
     # ranges
     ("lp-p-below-1", model("memory = linear", "bias = lp(p=0.5)"), 3, 17, ["`lp(p=...)`", ">= 1", "<= 64"]),
     ("lq-q-equal-1", model("memory = linear", "bias = l2", "retention = lq(q=1)"), 4, 22,

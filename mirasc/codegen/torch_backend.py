@@ -32,7 +32,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
     layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
-                               "composite": spec.composite, "normalize": spec.normalized})
+                               "composite": spec.composite, "normalize": spec.normalized,
+                               "omega": spec.window > 1})  # the carried window win_* is not learned
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
@@ -120,10 +121,27 @@ def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
                       "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
                       "side or use algorithm='recurrent'")
-    if par.kind == "minibatch":
+    anchored = par.kind == "minibatch" or ir.state_independent_gradient(grad_graph)  # e.g. Hebbian: any chunking
+    channel_decay = _channel_decay_side(spec)
+    if l.kind == "muon":
+        if not anchored:
+            return None, ("muon with parallel=exact takes each token's gradient at the state the previous token "
+                          "left, and Newton–Schulz is not linear, so no chunked form exists; parallel=minibatch(C) "
+                          "has one (Atlas §5.1)")
+        if r.kind not in ("none", "decay") or channel_decay:
+            return None, (f"muon's chunk form unrolls W_t = α_t W_{{t−1}} − η_t NS(S_t) with α per head; "
+                          f"`retention = {r.kind}`{' with channel-wise α/θ' if channel_decay else ''} has no such "
+                          "unrolling here")
+        return "muon", ""
+    if anchored and (spec.window > 1 or spec.poly_degree) and channel_decay:
+        return None, ("the channel-wise mini-batch form reads raw keys and one token per step; with an Omega window "
+                      "or feature=poly it is not derived")
+    if anchored:
         return "minibatch", ""
-    if ir.state_independent_gradient(grad_graph):
-        return "minibatch", ""  # e.g. Hebbian: the gradient never reads the state, any chunking is exact
+    if spec.window > 1:
+        return None, (f"with parallel=exact, each token's gradient sums the Omega window's {spec.window} tokens at "
+                      "the state the previous token left; no exact chunked form is derived for that (the delta "
+                      "chunk form is one token per step); parallel=minibatch(C) has one (Atlas §3.3)")
     if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
         return "delta", ""
     if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.kind in ("none", "decay"):
@@ -201,6 +219,8 @@ def _print_graph(gr: ir.Graph, fn: str) -> str:
             body.append(f"{var} = _layernorm({a[0]})")
         elif op.op == "layernorm_bwd":
             body.append(f"{var} = _layernorm_backward({a[0]}, {a[1]})")
+        elif op.op == "features":
+            body.append(f"{var} = _poly_features({a[0]})")
         else:
             raise ir.IRError(f"torch backend: no printer for op {op.op}")
         names[nid] = var
@@ -234,7 +254,7 @@ def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
 
 def _weight_shapes(spec: S.Spec) -> str:
     """The weights' [rows, cols] as code in d_k and d_v."""
-    size = {"k": "d_k", "v": "d_v", "e": f"{getattr(spec.memory, 'expansion', 1)} * d_k"}
+    size = {"k": "d_k", "v": "d_v", "e": f"{getattr(spec.memory, 'expansion', 1)} * d_k", "f": "_feature_width(d_k)"}
     return "[" + ", ".join(f"({size[r]}, {size[c]})" for r, c in spec.weight_dims()) + "]"
 
 
@@ -253,8 +273,11 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines.append("    a linear memory stays 0).")
     elif r.kind in ("lq", "elastic"):
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
-    if spec.learner.kind == "momentum":
+    if spec.learner.kind in ("momentum", "muon"):
         lines.append("    Momentum buffers S_i start at 0.")
+    if spec.window > 1:
+        lines.append(f"    The Omega window (the {spec.window - 1} tokens before the first) starts empty: zero keys, "
+                     "values and weights γ = 0.")
     return "\n".join(lines)
 
 
@@ -302,6 +325,11 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
+        "muon": l.kind == "muon",
+        "has_S": l.kind in ("momentum", "muon"),  # a momentum buffer S_i per weight in the state
+        "omega": spec.window > 1,
+        "poly_features": bool(spec.poly_degree),
+        "chunk_muon": kind == "muon",
         "implicit": l.kind == "implicit",
         "add_update": r.kind == "none" or (r.kind == "decay" and r.order == "pre"),
         "decay_post": r.kind == "decay" and r.order == "post",
@@ -370,7 +398,20 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         # the memory's own apply, under a public `apply` that takes tokens and runs it over their sub-steps
         # (a multi-step learner) or on the features φ(q), φ(k) (a composite linear memory); never both (spec.py)
         "APPLY_FN": "_apply_memory" if spec.composite else "_apply_substeps" if spec.steps > 1 else "apply",
+        "WINDOW": str(spec.window),
+        "WINDOW_COEFS": repr(_window_coefficients(spec, grad)),
+        "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
+        "POLY_DEGREE": str(spec.poly_degree),
     }
+
+
+def _window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
+    """The per-token coefficients an Omega window carries besides k and v: γ, and every coefficient the gradient
+    reads per token (e.g. Huber's δ), so that token i's loss is ℓ(W; k_i, v_i) with its own coefficients."""
+    if spec.window == 1:
+        return ()
+    read = {grad.node(n).arg for n in grad.inputs() if grad.node(n).op == "input"} - {"x", "k", "v"}
+    return ("gamma", *sorted(read))
 
 
 def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
@@ -438,6 +479,8 @@ def docstring(spec: S.Spec, d: D.Derivation, kind: str | None, reason: str, trit
              "gdelta": "chunked = generalized delta chunk form (one unit-triangular solve per chunk, WY/UT form)",
              "momentum_delta": "chunked = momentum delta chunk form (the state [W, S] under 2x2 scalar transitions, "
                                "one unit-triangular solve per chunk)",
+             "muon": "chunked = muon's chunk form (momentum prefix sums at the anchor, batched Newton–Schulz, "
+                     "per-token weights)",
              None: f"chunked: not available ({reason})"}[kind]
     if spec.steps > 1:
         algos += f"; both run over the T·{spec.steps} sub-steps"

@@ -64,10 +64,29 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
         raise Unsupported(f"readout=chunk (CONTRACT §7, {spec.retention.kind} retention) has no Triton kernel yet: the "
                           "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
                           "readout")
+    why = _atlas_reason(spec)
+    if why:
+        raise Unsupported(why)
     try:
         return _emit(spec, d, forward, grad, coef_order)
     except NotImplementedError as err:
         raise Unsupported(f"{err}") from None
+
+
+def _atlas_reason(spec: S.Spec) -> str:
+    """Why the Atlas pieces (docs/semantics.md) have no Triton kernel here, or ''."""
+    whys = []
+    if spec.window > 1:
+        whys.append(f"the Omega rule (window={spec.window}) needs the last {spec.window} tokens' keys, values and "
+                    "coefficients at every step, and the fused recurrent kernels and the mini-batch tiles hold one "
+                    "token's per step")
+    if spec.poly_degree:
+        whys.append(f"feature=poly maps each key to {spec.poly_degree}-fold tensor powers (width 1 + Dk + … + "
+                    f"Dk^{spec.poly_degree}), a tile shape the kernels' [rows, cols] register tiles do not take")
+    if spec.learner.kind == "muon":
+        whys.append("muon orthogonalises each momentum matrix by Newton–Schulz (whole-matrix products every token), "
+                    "which the kernels' row-tiled state updates do not express")
+    return "; ".join(whys)
 
 
 def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
