@@ -115,7 +115,7 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
     lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory, spec.retention)
-    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ"}
+    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ", "gamma": "γ"}
     lines += [f"per head:   {greek[g]}_h = {_show(c.expr, latex) if latex else S.format_value(c)}  "
               "(constant over tokens; head h = 0..H−1 of H)" for g, c in spec.per_head().items()]
     return [latex_line(line) for line in lines] if latex else lines

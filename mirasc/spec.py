@@ -464,7 +464,7 @@ def form_text(form: Form) -> str:
             and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)
             and not (p == "window" and v == 1) and not (p == "gamma" and v == 1.0)
             and not (p == "feature" and v == "identity")
-            and not (p == "degree" and getattr(form, "feature", "") != "poly")
+            and not (p == "degree" and form.kind in ("linear", "mlp") and form.feature != "poly")
             and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
@@ -711,10 +711,12 @@ def _check_steps(spec: Spec) -> None:
                         "count either tokens (n pairs each, γ per token) or sub-steps, and neither is implemented; "
                         "use `window=1`, or `steps=1`", param="window")
     if spec.composite:
-        raise Rejection("learner", "`steps=n` with a feature map or the normaliser (`linear(feature=..., "
-                        "normalize=...)`) is not supported: the op would have to map each of a token's n keys and "
-                        "drop the normaliser's reads between sub-steps, which no kernel here does; use `steps=1`, or "
-                        "`linear` without a feature map and normaliser", param="steps")
+        raise Rejection("learner", f"`steps=n` with `feature={spec.feature}`"
+                        f"{' and ' if spec.feature != 'identity' and spec.normalized else ''}"
+                        f"{'`normalize=true`' if spec.normalized else ''} is not supported: the op would have to map "
+                        "each of a token's n keys (and keep the normaliser between sub-steps), which no kernel here "
+                        "does; use `steps=1`, or `feature=poly` (part of the memory, which runs the sub-steps)",
+                        param="steps")
 
 
 def _check_composite(spec: Spec) -> None:
@@ -747,6 +749,10 @@ def _check_composite(spec: Spec) -> None:
     if l.kind != "gd":
         raise Rejection("memory", f"`normalize=true` with `learner = {l.kind}`: {why} by gd; use `learner = gd`",
                         param="normalize")
+    if spec.window > 1:
+        raise Rejection("memory", "`normalize=true` with an Omega window (`window=c`) is not supported: the normaliser "
+                        "would have to carry the window's past φ(k) and γ as well, which its state (W, z) does not; "
+                        "drop normalize, or the window", param="normalize")
     if "v" in sides:
         raise Rejection("memory", "`normalize=true` with a `gate(v)` coefficient: the normaliser has no value "
                         "channel for it to scale; use `gate` or `gate(k)`", param="normalize")

@@ -568,7 +568,7 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
     n_steps = cfg.get("steps", 1)
     if n_steps > 1 and (C is not None or lrn["kind"] in ("momentum", "muon") or cfg["bias"].get("window", 1) > 1):
         raise ValueError("steps=n is defined with parallel exact, a gd or implicit learner and no Omega window")
-    if n_steps > 1 and (eps is not None or mem.get("feature") not in (None, "identity")):
+    if n_steps > 1 and (eps is not None or mem.get("feature") not in (None, "identity", "poly")):
         raise NotImplementedError("steps=n with a feature map or the normaliser is not defined (spec.py rejects it)")
     # the inputs of sub-step j: k, v, η and κ have one per sub-step (axis 3), the other gates one per token
     per_step = ("eta", "kappa")

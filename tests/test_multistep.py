@@ -76,6 +76,17 @@ CASES = {
                   dict(memory=dict(kind="mlp", depth=2, expansion=2, act="silu", residual=False, norm="none"),
                        bias=dict(kind="lp", p=3.0, eps=1e-6), retention=dict(kind="lq", q=4.0, alpha="gate"),
                        learner=dict(kind="gd", lr="gate"), parallel=None, steps=2)),
+    # across branches: a per-head constant (RetNet's γ_h, decaying once per token) and Atlas' polynomial features
+    "retnet_product": ("memory = linear; bias = l2; retention = decay(alpha=1 - 2^(-3 - h), order=pre); "
+                       "learner = gd(lr=gate, steps=2)",
+                       dict(memory=LIN, bias=dict(kind="l2"),
+                            retention=dict(kind="decay", alpha=lambda h, H: 1 - 2.0 ** (-3 - h), order="pre"),
+                            learner=dict(kind="gd", lr="gate"), parallel=None, steps=2)),
+    "poly_product": ("memory = linear(feature=poly, degree=2); bias = l2; retention = decay(alpha=gate, order=pre); "
+                     "learner = gd(lr=gate, steps=2)",
+                     dict(memory=dict(kind="linear", feature="poly", degree=2), bias=dict(kind="l2"),
+                          retention=dict(kind="decay", alpha="gate", order="pre"),
+                          learner=dict(kind="gd", lr="gate"), parallel=None, steps=2)),
 }
 B, H, DK, DV = 2, 2, 5, 4
 T = 7
@@ -192,7 +203,7 @@ def test_multistep_equals_interleaved_single_step():
 
 # ------------------------------------------------------------------------------------- Triton
 
-TRITON_CASES = ["gated_deltaproduct", "deltaproduct3", "kda_product", "comba_product"]
+TRITON_CASES = ["gated_deltaproduct", "deltaproduct3", "kda_product", "comba_product", "retnet_product"]
 
 
 @pytest.mark.parametrize("name", TRITON_CASES)
@@ -348,6 +359,20 @@ def test_rejections_are_located(learner, parallel, match):
     with pytest.raises(mirasc.SpecError, match=match) as info:
         mirasc.compile_spec(text)
     assert ":4:" in str(info.value)
+
+
+@pytest.mark.parametrize("memory,bias,learner,line,match", [
+    ("linear(feature=elu1)", "l2", "gd(lr=gate, steps=2)", 4, "feature=elu1"),
+    ("linear(feature=taylor, normalize=true)", "dot", "gd(lr=gate, steps=2)", 4, "normalize=true"),
+    ("linear", "l2", "muon(lr=gate, theta=gate, steps=2)", 4, "muon\\(steps=n\\)` is not defined"),
+    ("linear", "l2(window=3, gamma=gate)", "gd(lr=gate, steps=2)", 3, "Omega window"),
+])
+def test_rejections_across_features(memory, bias, learner, line, match):
+    """What the multi-step learner does not combine with (feature maps the op applies, muon, an Omega window)."""
+    text = f"model m {{\n    memory = {memory}\n    bias = {bias}\n    learner = {learner}\n}}\n"
+    with pytest.raises(mirasc.SpecError, match=match) as info:
+        mirasc.compile_spec(text)
+    assert f":{line}:" in str(info.value)
 
 
 def test_shape_errors_name_the_inner_steps():

@@ -113,6 +113,27 @@ CASES = {
         dict(memory=dict(_MLP, feature="poly", degree=2), bias=dict(kind="l2"), retention=_DECAY,
              learner=dict(kind="momentum", lr="gate", theta="gate"), parallel=C),
         ("recurrent", "chunked")),
+    # across branches: the op's feature maps (elu1, taylor: the window and the momentum live in feature space) and
+    # per-head constants (γ_h, α_h) with the Atlas pieces
+    "omega_elu1_features": (
+        "memory = linear(feature=elu1); bias = l2(window=3, gamma=gate); retention = decay(alpha=gate); "
+        f"learner = gd(lr=gate); parallel = minibatch({C})",
+        dict(memory=dict(kind="linear", feature="elu1"), bias=dict(kind="l2", window=3, gamma="gate"),
+             retention=_DECAY, learner=dict(kind="gd", lr="gate"), parallel=C),
+        ("recurrent", "chunked")),
+    "muon_taylor_features": (
+        "memory = linear(feature=taylor); bias = l2; retention = decay(alpha=gate); "
+        f"learner = muon(lr=gate, theta=gate); parallel = minibatch({C})",
+        dict(memory=dict(kind="linear", feature="taylor"), bias=dict(kind="l2"), retention=_DECAY,
+             learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5), parallel=C),
+        ("recurrent", "chunked")),
+    "omega_muon_per_head": (
+        "memory = linear; bias = l2(window=3, gamma=1 - 2^(-1 - h)); retention = decay(alpha=1 - 2^(-3 - h)); "
+        f"learner = muon(lr=gate, theta=gate); parallel = minibatch({C})",
+        dict(memory=dict(kind="linear"), bias=dict(kind="l2", window=3, gamma=lambda h, H: 1 - 2.0 ** (-1 - h)),
+             retention=dict(kind="decay", alpha=lambda h, H: 1 - 2.0 ** (-3 - h), order="post"),
+             learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5), parallel=C),
+        ("recurrent", "chunked")),
 }
 
 
@@ -236,6 +257,25 @@ def test_poly_features_are_based_linear_time_form(algorithm):
     assert rel(o[..., :dv] / (o[..., dv:] + 1e-6), naive.naive_parallel_based(q, k, v, use_norm=True)) < 1e-12
 
 
+@pytest.mark.parametrize("learner", ["gd(lr=gate)", "momentum(lr=gate, theta=gate)", "implicit(lr=gate)"])
+def test_taylor_and_poly_degree_two_agree(learner):
+    """`feature=taylor` (the op's compact map: each x_i x_j once) and `feature=poly, degree=2` (the memory's full
+    x⊗x) are the same kernel 1 + q·k + (q·k)²/2, stored differently: from the empty memory, with per-head gates,
+    every update lies in the span of the φ(k)ᵀ and the outputs agree; the states differ in width (Dφ = 15 vs 21)."""
+    body = "bias = l2; retention = decay(alpha=gate, order=pre); learner = " + learner
+    taylor = mirasc.compile_spec(f"model t {{ memory = linear(feature=taylor); {body} }}")
+    poly = mirasc.compile_spec(f"model p {{ memory = linear(feature=poly, degree=2); {body} }}")
+    cfg = dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
+               retention=dict(kind="decay", alpha="gate", order="pre"),
+               learner=dict(kind=learner.split("(")[0], lr="gate", theta="gate"), parallel=None)
+    q, k, v, gates = make_inputs(cfg, B, T, H, D, D, f64, seed=8)
+    gates = {n: x for n, x in gates.items() if n in taylor.GATES}
+    o_t, s_t = taylor.apply(q, k, v, gates, backend="torch", algorithm="recurrent")
+    o_p, s_p = poly.apply(q, k, v, gates, backend="torch", algorithm="recurrent")
+    assert s_t["W"].shape[-1] == 1 + D + D * (D + 1) // 2 and s_p["W"].shape[-1] == 1 + D + D * D
+    assert rel(o_t, o_p) < 1e-12, rel(o_t, o_p)
+
+
 # --------------------------------------------------------------------------------------- Newton–Schulz
 
 
@@ -326,6 +366,10 @@ REJECTED = {
     "memory = linear(feature=poly, degree=9); bias = l2": "degree",
     "memory = linear; bias = l2; learner = muon(lr=gate(v))": "orthogonalised step",
     "memory = linear; bias = l2; learner = muon(ns_steps=0)": "ns_steps",
+    "memory = linear(feature=poly, normalize=true); bias = dot; learner = gd": "feature=taylor",
+    "memory = linear(feature=elu1, degree=3); bias = l2": "the other feature maps have none",
+    "memory = mlp(feature=elu1); bias = l2": "feature",
+    "memory = linear(feature=elu1, normalize=true); bias = dot(window=3, gamma=gate); learner = gd": "Omega window",
 }
 
 

@@ -41,7 +41,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
 # The range each coefficient's per-head constant must lie in, as code on a tensor x, and in words.
 PER_HEAD_RANGE = {"eta": ("x >= 0", "a learning rate is >= 0"), "alpha": ("(x >= 0) & (x <= 1)", "a retention "
                   "factor is in [0, 1]"), "theta": ("(x >= 0) & (x <= 1)", "a momentum factor is in [0, 1]"),
-                  "delta": ("x > 0", "a Huber threshold is > 0")}
+                  "delta": ("x > 0", "a Huber threshold is > 0"),
+                  "gamma": ("(x >= 0) & (x <= 1)", "an Omega-rule token weight is in [0, 1]")}
 
 
 def per_head_source(spec: S.Spec) -> str:
