@@ -127,6 +127,12 @@ CASES = {
         dict(memory=dict(kind="linear", feature="taylor"), bias=dict(kind="l2"), retention=_DECAY,
              learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5), parallel=C),
         ("recurrent", "chunked")),
+    "omega_muon_hedgehog": (  # (the reference's Hedgehog map is the op's default, U = I, c = 0)
+        "memory = linear(feature=hedgehog); bias = l2(window=2, gamma=gate); retention = decay(alpha=gate); "
+        f"learner = muon(lr=gate, theta=gate); parallel = minibatch({C})",
+        dict(memory=dict(kind="linear", feature="hedgehog"), bias=dict(kind="l2", window=2, gamma="gate"),
+             retention=_DECAY, learner=dict(kind="muon", lr="gate", theta="gate", ns_steps=5), parallel=C),
+        ("recurrent", "chunked")),
     "omega_muon_per_head": (
         "memory = linear; bias = l2(window=3, gamma=1 - 2^(-1 - h)); retention = decay(alpha=1 - 2^(-3 - h)); "
         f"learner = muon(lr=gate, theta=gate); parallel = minibatch({C})",
