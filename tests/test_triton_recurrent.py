@@ -210,8 +210,11 @@ def _check_vs_float64(mod, dims, T=40):
 # run on a grid (cdiv(Dv, BV), B·H) and each program owns BV rows of the state; dq, dk and the gates'
 # gradients are per-tile partial sums. The interpreter uses BV = 4 (16 with batched factors, for tl.dot).
 # (comba, rwkv7: the generalized delta transition W(diag(w) − a bᵀ) + v kᵀ acts on each row of W on its own)
-V_TILED = ["comba", "custom_cauchy", "deltanet", "gated_deltanet", "gla", "hgrn2", "hyperbolic_mirror", "kda",
-           "linear_attention", "longhorn", "mamba2", "retnet", "rwkv7", "sparse_lp", "ttt_linear"]
+# (based, hedgehog, linear_attention_elu: a feature map before a Hebbian memory, the normaliser one more value row;
+# deltaproduct, gated_deltaproduct: sub-steps of the delta rule; momentum_deltanet: the momentum is per entry)
+V_TILED = ["based", "comba", "custom_cauchy", "deltanet", "deltaproduct", "gated_deltanet", "gated_deltaproduct", "gla",
+           "hedgehog", "hgrn2", "hyperbolic_mirror", "kda", "linear_attention", "linear_attention_elu", "longhorn",
+           "mamba2", "momentum_deltanet", "retnet", "rwkv7", "sparse_lp", "ttt_linear"]
 
 
 def test_v_tiles_cover_the_row_separable_specs():
