@@ -10,6 +10,8 @@ if _ROOT not in sys.path:
 # Triton kernels run on the CPU through the interpreter; this must be set before triton is imported.
 import os  # noqa: E402
 
+import pytest  # noqa: E402
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Under pytest-xdist every worker is its own process on its own core: one torch thread each, so that the
@@ -18,3 +20,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch  # noqa: E402
 
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine OpenMP spinning makes them
+    several times slower: one torch thread for the test, restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

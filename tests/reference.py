@@ -797,3 +797,13 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         if "delta" in cfg["bias"]:
             state["win_delta"] = torch.zeros(B, H, c - 1, 1, dtype=f64)
     return {key: x.to(dtype) for key, x in state.items()}
+
+
+def decode(layer, x):
+    """A Layer's outputs token by token through init_cache/step (its O(1) decoding path), stacked as [B, T, d]:
+    what every decoding test compares with layer(x)."""
+    cache, outs = layer.init_cache(x.shape[0]), []
+    for t in range(x.shape[1]):
+        y_t, cache = layer.step(x[:, t], cache)
+        outs.append(y_t)
+    return torch.stack(outs, 1)

@@ -36,12 +36,7 @@ TINY = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--seq-len", "32
         "--eval-windows", "8", "--no-progress", "--log-every", "1", "--lr", "1e-2", "--warmup", "2"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _documents(n: int, seed: int = 0) -> list[str]:
