@@ -267,6 +267,9 @@ class LayerOptions(Form):
     # channel-wise α (gate(k)/gate(v)): the initial pre-activations spread evenly over
     # [alpha_bias, alpha_bias + alpha_spread] across a head's channels, i.e. several timescales per head
     alpha_spread: Annotated[float, Field(ge=0, le=20)] = 0.0
+    # channel-wise gates: each head's pre-activation is a shared per-head term plus a per-channel term whose
+    # projection starts at 0, so the gate starts as the per-head one and learns per channel from there
+    gate_head_term: bool = False
     # α = alpha_min + (1 − alpha_min)·sigmoid(·): a floor on the retention gate (0: α = sigmoid(·))
     alpha_min: Annotated[float, Field(ge=0, lt=1)] = 0.0
     # the retention gate's squashing: sigmoid, or exp for α = exp(−e^{−·}) (RWKV-7's w = exp(−exp(·)) up to the sign

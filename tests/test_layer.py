@@ -87,6 +87,38 @@ def test_alpha_spread_gives_each_key_channel_its_timescale():
     assert torch.allclose(alpha, torch.sigmoid(torch.tensor(3.0)).expand_as(alpha))
 
 
+def test_gate_head_term_starts_channel_gates_as_the_per_head_gate():
+    """gate_head_term = true: a channel-wise gate's pre-activation is its head's shared term plus a per-channel
+    term that starts at zero, so at initialisation every channel of a head has the per-head gate's value; the
+    channel terms still get gradients (they learn from there), alpha_spread still spreads α per channel, and
+    step() equals forward()."""
+    root = Path(__file__).resolve().parents[1] / "specs"
+    yaad, kda = mirasc.compile_spec(root / "yaad.miras"), mirasc.compile_spec(root / "kda.miras")
+    x = torch.randn(2, 5, 16)
+    torch.manual_seed(0)
+    layer = yaad.Layer(16, 2, gate_head_term=True)
+    eta = layer._project(x)[3]["eta"]  # [B, T, H, D], lr=gate(v)
+    assert eta.shape == (2, 5, 2, 8)
+    assert torch.equal(eta, eta[..., :1].expand_as(eta))
+    assert eta.std() > 0  # the head term reads x: η still varies over tokens and heads
+    layer(x).square().sum().backward()
+    last = layer.gate_proj[-1]
+    channel_rows = last.weight.grad[:2 * 9].view(2, 9, -1)[:, :-1]  # eta's rows: 8 channel terms + 1 head term per head
+    assert channel_rows.abs().sum() > 0
+    assert torch.all(last.weight[:2 * 9].view(2, 9, -1)[:, :-1] == 0)
+    torch.manual_seed(0)
+    layer = kda.Layer(16, 2, gate_head_term=True)  # kda: alpha_spread = 4
+    layer.gate_proj[-1].weight.data.zero_()
+    alpha = layer._project(torch.randn(1, 3, 16))[3]["alpha"]
+    want = torch.sigmoid(3.0 + torch.linspace(0, 4, 8))
+    assert torch.allclose(alpha[0, 0, 0], want, atol=1e-6) and torch.allclose(alpha[0, 0, 1], want, atol=1e-6)
+    torch.manual_seed(0)
+    layer = yaad.Layer(16, 2, gate_head_term=True).double()
+    layer.gate_proj[-1].weight.data.normal_()  # channel terms away from zero: decoding must still agree
+    xd = x.double()
+    assert (decode(layer, xd) - layer(xd)).norm() / layer(xd).norm() < 1e-10
+
+
 def test_mlp_memories_get_their_family_defaults():
     """MLP memories start with the retention gate floored at alpha_min = 0.999 and the Huber threshold at
     softplus(8) (benchmarks/RESULTS.md, "MQAR recipes for MLP memories"); linear memories keep α = σ(·) and
