@@ -130,6 +130,7 @@ def test_mlp_memories_get_their_family_defaults():
         assert mod.LAYER_DEFAULTS["alpha_min"] == floor, name
         assert mod.LAYER_DEFAULTS["alpha_bias"] == 3.0, name
         assert mod.LAYER_DEFAULTS["delta_bias"] == (8.0 if floor else 0.5), name
+        assert mod.LAYER_DEFAULTS["gate_head_term"] == bool(floor), name
         torch.manual_seed(0)
         alpha = mod.Layer(16, 2)._project(x)[3]["alpha"]
         assert alpha.min().item() >= floor, name
