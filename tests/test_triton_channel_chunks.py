@@ -1,7 +1,7 @@
 """The chunked Triton kernels with a decay over key channels (alpha=gate(k), CONTRACT §6) and a written key
 scaled per channel (lr=gate(k)), run by the interpreter on the CPU against the independent float64
 reference (tests/reference.py): outputs, final state and the gradients of q, k, v, every gate and the
-initial state. Hebbian (GLA, HGRN2) and delta (KDA, order=post, implicit) families; a chunk that does not
+initial state. Hebbian (GLA, HGRN2), delta (KDA, order=post, implicit) and mini-batch families; a chunk that does not
 divide T and the default chunk (64: four 16-row sub-blocks); small α (∈ (0.05, 0.3)), where a chunk's
 cumulative decay underflows float32 and only the sub-block factorisation keeps every exponent <= 0."""
 
@@ -32,6 +32,15 @@ CASES = {
                            dict(memory=LIN, bias=dict(kind="l2"),
                                 retention=dict(kind="decay", alpha="gate(k)", order="pre"),
                                 learner=dict(kind="implicit", lr="gate"), parallel=None)),
+    # the mini-batch family (gradients at the chunk's anchor) with a decay over key channels and lr=gate(k)
+    "minibatch_key": ("memory = linear; bias = l2; retention = decay(alpha=gate(k)); learner = gd(lr=gate(k)); "
+                      "parallel = minibatch(8)",
+                      dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate(k)"),
+                           learner=dict(kind="gd", lr="gate(k)"), parallel=8)),
+    "minibatch_key_decay": ("memory = linear; bias = l2; retention = decay(alpha=gate(k)); learner = gd(lr=gate); "
+                            "parallel = minibatch(16)",
+                            dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate(k)"),
+                                 learner=dict(kind="gd", lr="gate"), parallel=16)),
     # a per-head decay with lr=gate(k): the per-head kernels with the scaled written key
     "delta_key_lr": ("memory = linear; bias = l2; retention = decay(alpha=gate, order=pre); learner = gd(lr=gate(k))",
                      dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate", order="pre"),
@@ -101,10 +110,12 @@ def compare(name, shape, chunk, ranges=None, dtype=torch.float32, tol=1e-4):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_chunk_kernels_match_reference(name):
-    """T = 37 with chunk 24 (two chunks, the second partial; 32-row tiles = two sub-blocks), Dk = 16 (two
+    """T = 37 with chunk 24 (two chunks, the second partial; 32-row tiles = two sub-blocks; the mini-batch specs:
+    their C, 8 or 16, the last chunk partial), Dk = 16 (two
     16-wide Dk tiles on the interpreter's smallest tiles... one here), Dk != Dv."""
     assert module(name)._CHUNK_OP is not None
-    compare(name, (1, 37, 2, 16, 12), chunk=24)
+    minibatch = CASES[name][1]["parallel"] is not None  # the chunk is the spec's mini-batch (it is semantics)
+    compare(name, (1, 37, 2, 16, 12), chunk=None if minibatch else 24)
 
 
 @pytest.mark.parametrize("name", ["gla", "kda"])

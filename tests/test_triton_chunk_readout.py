@@ -29,8 +29,12 @@ CASES = {
     "memora": "memora",
     "memora_momentum": "memora+momentum",
     "kl_linear": "memory = linear\nbias = l2\nretention = kl(c=1, alpha=gate)\nlearner = gd(lr=gate)",
+    # a decay over key channels and lr=gate(k): the linear chunked kernels of the mini-batch family
+    "kl_linear_key": "memory = linear\nbias = l2\nretention = kl(c=1, alpha=gate(k))\nlearner = gd(lr=gate(k))",
     "moneta": "moneta",
     "moneta_momentum": "moneta+momentum",
+    # a decay over key channels: the linear chunked kernels with η / n_c (the mini-batch kernels take α per head)
+    "lq_linear_key": "memory = linear\nbias = l2\nretention = lq(q=4, alpha=gate(k))\nlearner = gd(lr=gate(k))",
     # a linear memory starts from A = 0: its first chunk has n_c = 1 (docs/semantics.md)
     "lq_linear": "memory = linear\nbias = huber(delta=gate)\nretention = lq(q=3, alpha=gate)\nlearner = gd(lr=gate)",
 }
@@ -122,7 +126,9 @@ def test_chunk_readout_triton_routing(name):
     q, k, v, gates, state = data
     a, _ = mod.apply(q, k, v, gates, state=state, backend="triton")
     b, _ = mod.apply(q, k, v, gates, state=state, backend="torch")
-    assert rel(a, b) < 1e-5
+    # two float32 paths with different summation orders (Memora: 1.1e-5 on one x86 machine, below 1e-5 on
+    # another); a routing or algorithm error is 1e-2 and up
+    assert rel(a, b) < 5e-5
     with pytest.raises(RuntimeError, match="no fused recurrent Triton kernel for readout=chunk"):
         mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
     assert not hasattr(mod, "_packed_padded")

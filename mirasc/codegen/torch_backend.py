@@ -436,8 +436,11 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
         triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, tri_grad, tri_coefs), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)
-    # (lq: the per-weight scale is in the IR graphs, which only the mini-batch kernels print)
-    family = triton_backend.chunk_family(tri_spec, kind) if triton_section and not flags["chunk_lq"] else None
+    # lq: the per-weight scale is in the IR graphs, which the mini-batch kernels print; where those refuse (a decay
+    # over key channels), a linear memory's chunked kernels take it as a per-chunk factor on η (one weight, n_c)
+    lq_on_chunks = flags["chunk_lq"] and triton_minibatch.minibatch_reason(tri_spec) is not None
+    family = (triton_backend.chunk_family(tri_spec, kind)
+              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) else None)
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
     if chunk_readout and triton_section and family is None and not minibatch:
         triton_section, no_triton = "", (f"readout=chunk (CONTRACT §7) with {r.kind} retention runs on the decay "
@@ -445,7 +448,7 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton"] = bool(triton_section)
     flags["triton_chunked"] = family is not None
     if family is not None:
-        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess)
+        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert

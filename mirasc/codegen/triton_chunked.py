@@ -28,8 +28,9 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor).
     Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
     take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
-    the hebbian and delta families. Value-side gates (alpha=gate(v), lr=gate(v)), channel-wise θ and the
-    mini-batch family with channel gates run on the recurrent kernel only."""
+    all three families (the mini-batch family's gradients at the anchor need no coupling, so its
+    preparation is the same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ
+    run on the recurrent kernel only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
     if m.kind != "linear" or r.kind not in ("none", "decay"):
         return None
@@ -39,18 +40,20 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
         return "hebbian"
     if b.kind == "l2" and chunk_kind == "delta":
         return "delta"
-    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd" and not spec.channel_gates:
+    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
         return "minibatch"
     return None
 
 
-def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
-    """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family."""
+def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False) -> str:
+    """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family. lq_scale: the
+    mini-batch family run by a chunk readout of lq retention (CONTRACT §7), whose updates in weight space are η/n_c
+    with the chunk's normaliser n_c passed as the coefficient `lqs0`."""
     r = spec.retention
     sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
              "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
-             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k"}
+             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
