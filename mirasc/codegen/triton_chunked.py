@@ -39,6 +39,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
         return "hebbian"
     if b.kind == "l2" and chunk_kind == "delta":
         return "delta"
+    if chunk_kind == "gdelta":  # validated: gd, none/decay, gates per head or over key channels, exact
+        return "gdelta"
     if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd" and not spec.channel_gates:
         return "minibatch"
     return None
@@ -49,6 +51,8 @@ def emit_chunked(spec: S.Spec, family: str, preprocess) -> str:
     r = spec.retention
     sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
+             "chunk_gdelta": family == "gdelta", "gdelta_write": spec.generalized_delta == "erase",
+             "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
              "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
              "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k"}
