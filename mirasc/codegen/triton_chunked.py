@@ -1,11 +1,14 @@
 """The chunked Triton kernel families (templates/triton_chunked.py.tmpl), forward and backward: linear
 memories whose update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit
-step, exact) and mini-batch l2 — with none/decay retention. One set of kernels serves all three (a state
+step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
+l2 — with none/decay retention. One set of kernels serves all four (a state
 scan over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
 only in the chunk-local torch preparation, which autograd differentiates. A decay over key channels
 (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same kernels with the log-decay per key channel:
 the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
-lr=gate(k) only scales the written key in the preparation.
+lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
+WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and write (k) directions differ, presents
+each token to the kernels as two rows, an erase row and a write row with the same decay (the template's header).
 
 Nothing here is printed from the IR: the kernels are fixed text, selected by template flags.
 """
@@ -23,9 +26,11 @@ CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl"
 def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
 
-    All three share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
+    All four share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
     differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
-    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor).
+    one triangular solve per chunk), "gdelta" (l2 with read=kappa / erase=kappa: the generalized delta
+    transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
+    gradients at the chunk's anchor).
     Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
     take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
     the hebbian and delta families. Value-side gates (alpha=gate(v), lr=gate(v)), channel-wise θ and the
