@@ -14,6 +14,9 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
   * ttt_linear: the chunked Triton kernels vs fla chunk_ttt_linear (a similar model, see the case);
+  * rwkv7 / comba (generalized delta transition): the chunked Triton kernels and the torch chunked path vs fla
+    chunk_dplr_delta_rule (a = −κ, b = η ⊙ κ, gk = log α: the same function) / chunk_comba (p = κ; fla's chunk
+    kernel reads at the undecayed state, the bundled comba decays first: same cost, not the same function);
   * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
@@ -33,7 +36,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
-         "ttt_linear", "titans"]
+         "ttt_linear", "titans", "rwkv7", "comba"]
 
 
 def emit(out_dir: Path) -> None:
@@ -202,6 +205,39 @@ def run(args) -> list:
         gss = {n: t[:, :Ts].detach().requires_grad_() for n, t in gs.items()}
         timed(f"{name}: mirasc fused recurrent (triton fwd) T={Ts}", lambda mod=mod, qs=qs, ks=ks, vs=vs, gss=gss:
               mod.apply(qs, ks, vs, gss, backend="triton", algorithm="recurrent")[0], rows, device, B * Ts)
+
+    # -- the generalized delta transition: RWKV-7 (η, α over key channels) vs fla's DPLR chunk kernels, Comba
+    # (per head) vs fla's chunk_comba; κ a unit key, as both layers give it
+    for name in ("rwkv7", "comba"):
+        mod = mods[name]
+        q, k, v, _ = make_inputs(B, T, H, D, dtype, device)
+        g = torch.Generator(device="cpu").manual_seed(1)
+        width = (D,) if name == "rwkv7" else ()
+        gs = {"eta": 0.05 + 0.45 * torch.rand(B, T, H, *width, generator=g),
+              "alpha": 0.9 + 0.1 * torch.rand(B, T, H, *width, generator=g)}
+        gs = {n: t.to(device).requires_grad_(True) for n, t in gs.items()}
+        kap = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).to(device, dtype)
+        kap.requires_grad_(True)
+        peer = None
+        if fops is not None and not smoke:
+            if name == "rwkv7":
+                from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule
+
+                def peer(q=q, k=k, v=v, gs=gs, kap=kap):
+                    return chunk_dplr_delta_rule(q, k, v, -kap, (gs["eta"] * kap).to(kap.dtype),
+                                                 gs["alpha"].log().to(kap.dtype), scale=1.0)[0]
+            else:
+                from fla.ops.comba import chunk_comba
+
+                def peer(q=q, k=k, v=v, gs=gs, kap=kap):
+                    return chunk_comba(q, k, v, kap, gs["alpha"].log(), gs["eta"], scale=1.0)[0]
+        cost = dict(flops=2 * flops_chunked_linear(B, H, T, D, delta=True),
+                    nbytes=5 * B * T * H * D * q.element_size() + 4 * B * T * H * sum(t[0, 0, 0].numel()
+                                                                                       for t in gs.values()))
+        for backend in ("triton", "torch"):
+            timed(f"{name}: mirasc chunked ({backend}) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs, kap=kap,
+                  backend=backend: mod.apply(q, k, v, gs, extras={"kappa": kap}, backend=backend,
+                                             algorithm="chunked")[0], rows, device, tokens, peer=peer, **cost)
 
     # -- TTT-linear (mini-batch 16) vs fla's chunk_ttt_linear. Not the same function: fla's TTT puts a
     # LayerNorm with a residual on the memory's output inside the inner loss; same shapes, similar cost.

@@ -30,6 +30,8 @@ CASES = [
     # the variants with a decay over key channels (16-row sub-blocks, g per channel)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
+    ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the flash kernels' tiles pruned for sm_80 (fixed 64 x 64 tiles spilled in bf16 and did not fit in fp32)
     ("transformer", "sm_80", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv", "_flash_bwd_dq"}),
@@ -48,7 +50,7 @@ KERNELS = {"chunked": {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
-EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}}
+EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}, "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"}}
 
 
 def _nvidia_tools_present():

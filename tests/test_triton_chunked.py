@@ -26,6 +26,8 @@ CHANNEL_CHUNK_SPECS = ["gla", "hgrn2", "kda"]
 COMPOSITE_CHUNK_SPECS = ["based", "hedgehog", "linear_attention_elu"]
 # n inner steps per token run as n sub-tokens through the delta chunk kernels: tests/test_multistep.py
 MULTISTEP_CHUNK_SPECS = ["deltaproduct", "gated_deltaproduct"]
+# the generalized delta transition (l2 with read=kappa / erase=kappa): tests/test_triton_gdelta.py
+GDELTA_CHUNK_SPECS = ["comba", "rwkv7"]
 VARIANTS = {
     # delta rule with the decay after the step (the gradient sees W_{t-1}, not α_t W_{t-1})
     "delta_post_decay": "memory = linear\nbias = l2\nretention = decay(alpha=gate, order=post)\nlearner = gd(lr=gate)",
@@ -107,7 +109,8 @@ def test_which_specs_have_chunked_kernels():
     """The covered set is what the issue asks for; every other parametric spec says why it has none."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras")
                   if hasattr(mirasc.compile_spec(p), "_chunked_triton"))
-    assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS)
+    assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS
+                         + GDELTA_CHUNK_SPECS)
 
 
 def test_triton_default_is_the_chunked_kernel():

@@ -1,11 +1,14 @@
 """The chunked Triton kernel families (templates/triton_chunked.py.tmpl), forward and backward: linear
 memories whose update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit
-step, exact) and mini-batch l2 — with none/decay retention. One set of kernels serves all three (a state
+step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
+l2 — with none/decay retention. One set of kernels serves all four (a state
 scan over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
 only in the chunk-local torch preparation, which autograd differentiates. A decay over key channels
 (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same kernels with the log-decay per key channel:
 the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
-lr=gate(k) only scales the written key in the preparation.
+lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
+WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and write (k) directions differ, presents
+each token to the kernels as two rows, an erase row and a write row with the same decay (the template's header).
 
 Nothing here is printed from the IR: the kernels are fixed text, selected by template flags.
 """
@@ -23,12 +26,14 @@ CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl"
 def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
 
-    All three share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
+    All four share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
     differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
-    one triangular solve per chunk), "minibatch" (l2 bias, gradients at the chunk's anchor).
+    one triangular solve per chunk), "gdelta" (l2 with read=kappa / erase=kappa: the generalized delta
+    transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
+    gradients at the chunk's anchor).
     Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
     take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
-    all three families (the mini-batch family's gradients at the anchor need no coupling, so its
+    every family (the mini-batch family's gradients at the anchor need no coupling, so its
     preparation is the same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ
     run on the recurrent kernel only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
@@ -40,6 +45,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
         return "hebbian"
     if b.kind == "l2" and chunk_kind == "delta":
         return "delta"
+    if chunk_kind == "gdelta":  # validated: gd, none/decay, gates per head or over key channels, exact
+        return "gdelta"
     if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
         return "minibatch"
     return None
@@ -52,6 +59,8 @@ def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False) 
     r = spec.retention
     sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
+             "chunk_gdelta": family == "gdelta", "gdelta_write": spec.generalized_delta == "erase",
+             "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
              "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
              "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale}
