@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import rel
+from reference import make_inputs, make_state, reference_apply, rel
 
 import mirasc
 
@@ -113,3 +113,132 @@ def test_matches_fla_naive(name, algorithm, chunk):
     x = _fla_inputs(3, channel)
     mod = spec(name)
     compare(lambda: _ours(mod, x, channel, algorithm=algorithm, chunk_size=chunk), lambda: _theirs(x, channel), x)
+
+
+def _packed_inputs(seed, channel, lens=(5, 9, 5)):
+    """N = 3 sequences packed in one row (B = 1), each with its own initial W and A."""
+    n, total = len(lens), sum(lens)
+    gshape = (1, total, H, DK) if channel else (1, total, H)
+    x = leaves(seed, q=("", (1, total, H, DK)), k=("", (1, total, H, DK)), v=("", (1, total, H, DV)),
+               g=("u", gshape), g_atk=("u", (1, total, H)), beta_atk=("u", (1, total, H)), beta=("u", (1, total, H)),
+               S0=("", (n, H, DK, DV)), A0=("u", (n, H, DK)))
+    return x, torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+
+
+def _theirs_packed(x, channel, cu):
+    """FLA's Gated DeltaNet reference takes cu_seqlens; its KDA reference does not, so each sequence is run alone."""
+    if not channel:
+        naive = fla("precond_gated_delta_rule.naive", "naive_recurrent_precond_gated_delta_rule")
+        o, S, A = naive(x["q"], x["k"], x["v"], -0.2 * x["g_atk"], -0.3 * x["g"], x["beta_atk"], x["beta"],
+                        scale=1.0, initial_state=x["S0"], initial_A_state=x["A0"], output_final_state=True,
+                        cu_seqlens=cu)
+        return o, [_T(S), A]
+    outs, Ss, As = [], [], []
+    for i, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+        part = {n: t[:, a:b] for n, t in x.items() if n not in ("S0", "A0")}
+        o, (S, A) = _theirs({**part, "S0": x["S0"][i:i + 1], "A0": x["A0"][i:i + 1]}, channel)
+        outs.append(o)
+        Ss.append(S)
+        As.append(A)
+    return torch.cat(outs, 1), [torch.cat(Ss), torch.cat(As)]
+
+
+@pytest.mark.parametrize("algorithm,chunk", ALGORITHMS)
+@pytest.mark.parametrize("name", ["precond_gated_deltanet", "precond_kda"])
+def test_packed_sequences_match_fla(name, algorithm, chunk):
+    """cu_seqlens: every sequence starts from its own W_0 and A_0 (the statistic is reset per sequence) and the
+    final state has one row per sequence; against FLA with the same packing, o, W, A and all gradients."""
+    channel = name == "precond_kda"
+    x, cu = _packed_inputs(4, channel)
+    mod = spec(name)
+    compare(lambda: _ours(mod, x, channel, algorithm=algorithm, chunk_size=chunk, cu_seqlens=cu),
+            lambda: _theirs_packed(x, channel, cu), x)
+
+
+# ------------------------------------------------------------------------------ held-out specs, float64
+LIN = dict(kind="linear")
+HELD_OUT = {
+    # RMSprop's scale on a key-channel learning rate, a per-head constant ν_h (several timescales), a constant ρ,
+    # a decay over key channels after the step, mini-batches of 4
+    "rmsprop_minibatch": (
+        "memory = linear; bias = l2; retention = decay(alpha=gate(k)); "
+        "learner = precond(lr=gate(k), nu=1 - 2^(-2 - h), rho=0.25, transform=rms); parallel = minibatch(4)",
+        dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate(k)", order="post"),
+             learner=dict(kind="precond", lr="gate(k)", nu=lambda h, H: 1 - 2 ** (-2 - h), rho=0.25,
+                          transform="rms", eps=1e-6), parallel=4)),
+    # Adagrad (ν = 1, ρ = 1: the plain running sum of k²) on a Hebbian memory with a per-head decay, exact
+    "adagrad_hebbian": (
+        "memory = linear; bias = dot; retention = decay(alpha=gate); "
+        "learner = precond(lr=gate, nu=1, rho=1, transform=rms, eps=0.01)",
+        dict(memory=LIN, bias=dict(kind="dot"), retention=dict(kind="decay", alpha="gate", order="post"),
+             learner=dict(kind="precond", lr="gate", nu=1.0, rho=1.0, transform="rms", eps=0.01), parallel=None)),
+    # ATK with its own constants and learned-statistic gates on a delta rule without retention
+    "atk_delta": (
+        "memory = linear; bias = l2; learner = precond(lr=gate, nu=gate, rho=gate, transform=atk, base=2, "
+        "center=-1)",
+        dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="none"),
+             learner=dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=2.0, center=-1.0,
+                          eps=1e-6), parallel=None)),
+}
+
+
+@functools.cache
+def held_out(name):
+    body = "\n    ".join(part.strip() for part in HELD_OUT[name][0].split(";"))
+    return mirasc.compile_spec(f"model {name} {{\n    {body}\n}}\n")
+
+
+def _run(fn, cfg, shape, seed=1):
+    """fn(q, k, v, gates, state) -> (o, final state); o, final W and A, and the gradients of q, k, v, every gate,
+    W_0 and A_0 under one random upstream gradient."""
+    Bn, Tn, Hn, Dk, Dv = shape
+    q, k, v, gates = make_inputs(cfg, Bn, Tn, Hn, Dk, Dv, torch.float64, seed)
+    state = make_state(cfg, Bn, Hn, Dk, Dv, torch.float64, seed)
+    leaves_ = {"q": q, "k": k, "v": v, **{f"gate_{n}": g for n, g in gates.items()}, "W0": state["W"],
+               "A0": state["A"]}
+    for t in leaves_.values():
+        t.requires_grad_(True)
+    o, final = fn(q, k, v, gates, state)
+    gen = torch.Generator().manual_seed(seed + 11)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64)).sum()
+    for key in ("W", "A"):
+        loss = loss + (final[key].double() * torch.randn(final[key].shape, generator=gen, dtype=torch.float64)).sum()
+    grads = torch.autograd.grad(loss, list(leaves_.values()))
+    return {"o": o, "W": final["W"], "A": final["A"], **{f"d{n}": g for n, g in zip(leaves_, grads)}}
+
+
+def _check(ours, ref, tol):
+    errors = {n: rel(ours[n], ref[n]) for n in ref}
+    bad = {n: e for n, e in errors.items() if not e < tol}
+    assert not bad, bad
+    return errors
+
+
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+@pytest.mark.parametrize("name", sorted(HELD_OUT))
+def test_held_out_specs_match_reference(name, algorithm):
+    """Specs no test above was written for, against the float64 token-by-token reference: o, W, A and the
+    gradients of every input (q, k, v, the gates, W_0, A_0), to 1e-10."""
+    cfg = HELD_OUT[name][1]
+    mod = held_out(name)
+    shape = (2, 11, 3, 5, 4)
+    ref = _run(lambda q, k, v, g, s: reference_apply(cfg, q, k, v, g, s), cfg, shape)
+    chunk = None if cfg["parallel"] else 4
+    ours = _run(lambda q, k, v, g, s: mod.apply(q, k, v, g, state=s, algorithm=algorithm, chunk_size=chunk), cfg,
+                shape)
+    _check(ours, ref, 1e-10)
+
+
+def test_key_channel_rate_without_retention_chunks_causally():
+    """Regression (found by atk_delta above): the channel-wise delta chunk form with no retention masked its
+    (t, s) factor with a .tril() over the wrong axes, so a chunk's outputs read later tokens' updates (final W was
+    right, o was not): gd(lr=gate(k)) with retention none, chunked == recurrent."""
+    mod = mirasc.compile_spec("model key_rate {\n    memory = linear\n    bias = l2\n    learner = gd(lr=gate(k))\n}\n")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (F.normalize(torch.randn(2, 11, 3, 5, generator=gen, dtype=torch.float64), dim=-1) for _ in range(2))
+    v = torch.randn(2, 11, 3, 4, generator=gen, dtype=torch.float64)
+    eta = torch.rand(2, 11, 3, 5, generator=gen, dtype=torch.float64)
+    W0 = torch.randn(2, 3, 4, 5, generator=gen, dtype=torch.float64)
+    o_r, f_r = mod.apply(q, k, v, {"eta": eta}, state={"W": W0}, algorithm="recurrent")
+    o_c, f_c = mod.apply(q, k, v, {"eta": eta}, state={"W": W0}, algorithm="chunked", chunk_size=4)
+    assert rel(o_c, o_r) < 1e-12 and rel(f_c["W"], f_r["W"]) < 1e-12
