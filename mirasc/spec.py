@@ -898,10 +898,7 @@ def _check_precond(spec: Spec) -> None:
                         "statistic is over the memory's key channels, and a feature map "
                         "makes the gradient's key-side factor φ(k) (of another width for taylor, hedgehog, poly); use "
                         "`linear` without a feature map")
-    if spec.generalized_delta:
-        raise Rejection("learner", "`precond` with `l2(read/erase=kappa)` is not defined: the transition's erase "
-                        "and write factors are different keys (κ and k), and which of them the statistic would "
-                        "precondition no model says; use `bias = l2`")
+    # (l2(read/erase=kappa) is refused before: _check_generalized_delta takes gd only)
     if spec.window > 1:
         raise Rejection("bias", "an Omega window with `precond`: the preconditioned rate is a key-channel learning "
                         "rate, and over a window it would weigh token i's loss by step t's multiplier; use window=1",

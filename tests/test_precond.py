@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import make_inputs, make_state, reference_apply, rel
+from reference import REF_CONFIGS, make_inputs, make_state, reference_apply, rel
 
 import mirasc
 
@@ -242,3 +242,103 @@ def test_key_channel_rate_without_retention_chunks_causally():
     o_r, f_r = mod.apply(q, k, v, {"eta": eta}, state={"W": W0}, algorithm="recurrent")
     o_c, f_c = mod.apply(q, k, v, {"eta": eta}, state={"W": W0}, algorithm="chunked", chunk_size=4)
     assert rel(o_c, o_r) < 1e-12 and rel(f_c["W"], f_r["W"]) < 1e-12
+
+
+# ------------------------------------------------------------------------------ Triton (the interpreter on CPU)
+def _triton(mod, algorithm, chunk, **kw):
+    def fn(q, k, v, gates, state):
+        f32 = lambda x: x.float()  # noqa: E731
+        return mod.apply(f32(q), f32(k), f32(v), {n: f32(g) for n, g in gates.items()},
+                         state={n: f32(s) for n, s in state.items()}, backend="triton", algorithm=algorithm,
+                         chunk_size=chunk, **kw)
+    return fn
+
+
+TRITON_CASES = [("precond_kda", "chunked"), ("precond_kda", "recurrent"), ("precond_gated_deltanet", "chunked"),
+                ("precond_gated_deltanet", "recurrent"), ("adagrad_hebbian", "chunked"), ("atk_delta", "chunked")]
+
+
+@pytest.mark.parametrize("name,algorithm", TRITON_CASES)
+def test_triton_matches_reference(name, algorithm):
+    """backend='triton': the statistic scanned in torch, then the existing Triton kernels for lr=gate(k) (the delta
+    family's chunk kernels with the write key η ⊙ m ⊙ k, the Hebbian family's, the fused recurrent kernel);
+    float32 against the float64 reference: o, W, A and every gradient."""
+    pytest.importorskip("triton")
+    cfg = REF_CONFIGS[name] if name in REF_CONFIGS else HELD_OUT[name][1]
+    mod = spec(name) if name in REF_CONFIGS else held_out(name)
+    shape = (1, 21, 2, 16, 8)
+    ref = _run(lambda q, k, v, g, s: reference_apply(cfg, q, k, v, g, s), cfg, shape)
+    _check(_run(_triton(mod, algorithm, 16), cfg, shape), ref, 1e-4)
+
+
+def test_triton_packed_sequences_in_one_launch():
+    """cu_seqlens on the chunk kernels (one launch, padded rows): the padding keeps the statistic (ν = 1, ρ = 0),
+    so each sequence's outputs and final W, A equal the torch recurrence run on it alone (and their gradients)."""
+    pytest.importorskip("triton")
+    x, cu = _packed_inputs(6, True, lens=(7, 12, 3))
+    mod = spec("precond_kda")
+    compare(lambda: _ours(mod, x, True, backend="triton", algorithm="chunked", chunk_size=16, cu_seqlens=cu),
+            lambda: _ours(mod, x, True, algorithm="recurrent", cu_seqlens=cu), x)
+
+
+# ------------------------------------------------------------------------------ rejections, Layer, the scan
+REJECTED = {
+    # body (one field per line) -> (the located token, a phrase of the reason)
+    "memory = mlp\nbias = l2\nlearner = precond(lr=gate)": ("learner", "statistic would read the memory"),
+    "memory = linear\nbias = l2\nlearner = precond(lr=gate(v))": ("lr=", "scale both sides of W"),
+    "memory = linear\nbias = l2\nlearner = precond(lr=gate, nu=gate(k))": ("nu=", "one number per head and token"),
+    "memory = linear\nbias = l2\nlearner = precond(lr=gate, base=2)": ("base=", "with transform=rms"),
+    "memory = linear(feature=elu1)\nbias = dot\nlearner = precond(lr=gate)": ("learner", "key-side factor φ(k)"),
+    "memory = linear\nbias = l2(read=kappa)\nlearner = precond(lr=gate)": ("learner", "separate erase and write keys"),
+    "memory = linear\nbias = l2(window=2)\nlearner = precond(lr=gate)": ("window=", "over a window"),
+    "memory = linear\nbias = l2\nlearner = precond(lr=gate, nu=1.5)": ("nu=", "decay is in [0, 1]"),
+    "memory = linear\nbias = l2\nlearner = precond(lr=gate, eps=0, transform=atk)": ("eps=", "greater than 0"),
+}
+
+
+@pytest.mark.parametrize("body", sorted(REJECTED))
+def test_rejections_are_located(body):
+    """Combinations where the statistic would read the memory, or that have no meaning, are refused with the
+    reason at the offending field or parameter: `<spec>:line:col: ...`."""
+    token, why = REJECTED[body]
+    lines = body.splitlines()
+    text = "model bad {\n" + "".join(f"    {line}\n" for line in lines) + "}\n"
+    row = next(i for i, line in enumerate(text.splitlines()) if token in line and (token != "learner" or "precond"
+                                                                                  in line or "feature" in line))
+    with pytest.raises(mirasc.SpecError) as err:
+        mirasc.compile_spec(text)
+    message = str(err.value)
+    line, col = (int(x) for x in message.split(":")[1:3])
+    assert line == row + 1 and why in message, message
+    if token.endswith("="):  # a parameter: the column is at the parameter or at its value
+        start = text.splitlines()[row].index(token)
+        assert start <= col - 1 <= start + len(token), message
+
+
+def test_layer_steps_equal_forward_with_constant_statistic_gates():
+    """The Layer of a held-out spec (a per-head ν, a constant ρ, mini-batches): step() carries the statistic A in
+    its cache and gives forward()'s outputs token by token; A is part of the initial state but not learned."""
+    from reference import decode
+
+    torch.manual_seed(0)
+    layer = held_out("rmsprop_minibatch").Layer(16, 2).double()
+    assert not layer.initial["A"].requires_grad and layer.initial["W"].requires_grad
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    assert rel(decode(layer, x), layer(x)) < 1e-10
+
+
+def test_statistic_scan_is_exact_and_stable():
+    """The chunked scan of a_t = ν_t a_{t−1} + x_t against a token loop, over several chunks, with ν = 0 on some
+    tokens (a reset), ν = 1 on others (a plain sum) and ν far below 1 (no underflow trouble: no log, no division)."""
+    mod = spec("precond_kda")
+    gen = torch.Generator().manual_seed(0)
+    nu = torch.rand(2, 3, 150, generator=gen, dtype=torch.float64) ** 8
+    nu[:, :, ::7], nu[:, :, 3::11] = 0.0, 1.0
+    x = torch.rand(2, 3, 150, 4, generator=gen, dtype=torch.float64)
+    a0 = torch.rand(2, 3, 4, generator=gen, dtype=torch.float64)
+    a, want = a0, []
+    for t in range(150):
+        a = nu[:, :, t, None] * a + x[:, :, t]
+        want.append(a)
+    got = mod._statistic_scan(nu, x, a0)
+    assert rel(got, torch.stack(want, 2)) < 1e-14
