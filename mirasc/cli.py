@@ -143,7 +143,8 @@ def cmd_demo(args) -> int:
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=gen), dim=-1)
     v = torch.randn(B, T, H, *sub, D, generator=gen)
-    ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0), "gamma": (0.5, 1.0)}
+    ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0), "gamma": (0.5, 1.0),
+              "nu": (0.5, 1.0), "rho": (0.1, 1.0)}
     gates = {}
     for g in mod.GATES:
         lo, hi = ranges[g]
