@@ -342,3 +342,16 @@ def test_statistic_scan_is_exact_and_stable():
         want.append(a)
     got = mod._statistic_scan(nu, x, a0)
     assert rel(got, torch.stack(want, 2)) < 1e-14
+
+
+def test_triton_chunked_refuses_where_its_family_has_no_kernel():
+    """A decay over key channels under minibatch(C) has no chunked Triton kernel for lr=gate(k), so neither for
+    precond: backend='triton', algorithm='chunked' refuses with that family's reason (the recurrent kernel runs)."""
+    pytest.importorskip("triton")
+    mod = held_out("rmsprop_minibatch")
+    q, v = torch.randn(1, 4, 2, 5), torch.randn(1, 4, 2, 4)
+    gates = {"eta": torch.rand(1, 4, 2, 5), "alpha": torch.rand(1, 4, 2, 5)}
+    with pytest.raises(RuntimeError, match="no chunked Triton kernel for this memory"):
+        mod.apply(q, q, v, gates, backend="triton", algorithm="chunked")
+    o, final = mod.apply(q, q, v, gates, backend="triton", algorithm="recurrent")
+    assert o.shape == (1, 4, 2, 4) and final["A"].shape == (1, 2, 5)
