@@ -33,11 +33,13 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
   bias      dot | l2 | lp(p, eps=1e-6) | huber(delta=gate, mode=coordinate|mixture) | custom(loss=EXPR in e)
   retention none | decay(alpha=gate, order=post|pre) | lq(q, alpha=gate) | kl(c=1, alpha=gate)
             | elastic(lam, alpha=gate) | bregman(phi=EXPR in w)
-  learner   gd(lr=gate) | momentum(lr=gate, theta=gate) | implicit(lr=gate) | nonparametric
+  learner   gd(lr=gate) | momentum(lr=gate, theta=gate) | implicit(lr=gate) | muon(lr=gate, theta=gate)
+            | precond(lr=gate, nu=gate, rho=gate, transform=rms|atk) | nonparametric
   parallel  exact | minibatch(C, readout=token|chunk)
 
 A coefficient written `gate` is a per-token input of the compiled op ([B, T, H]) named by its role:
-eta (lr), alpha (retention), theta (momentum), delta (Huber); a number makes it a constant.
+eta (lr), alpha (retention), theta (momentum), delta (Huber), gamma (Omega window), nu and rho (precond's
+statistic); a number makes it a constant.
 `gate(k)` / `gate(v)` make it channel-wise, [B, T, H, Dk] / [B, T, H, Dv] (lr=gate(v): the loss weighted
 per output channel).
 
@@ -141,7 +143,8 @@ def cmd_demo(args) -> int:
     q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=gen), dim=-1)
     v = torch.randn(B, T, H, *sub, D, generator=gen)
-    ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0), "gamma": (0.5, 1.0)}
+    ranges = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0), "gamma": (0.5, 1.0),
+              "nu": (0.5, 1.0), "rho": (0.1, 1.0)}
     gates = {}
     for g in mod.GATES:
         lo, hi = ranges[g]

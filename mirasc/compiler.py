@@ -48,7 +48,7 @@ def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
     if not spec.parametric:
         from .codegen import attention_backend
         return Compiled(spec, d, None, None, attention_backend.emit(spec, d))
-    fwd, grad = ir.compile_graphs(spec, d)
+    fwd, grad = ir.compile_graphs(spec.inner_spec(), d)  # precond: the graphs of gd(lr=gate(k)) it runs
     return Compiled(spec, d, fwd, grad, torch_backend.emit(spec, d, fwd, grad))
 
 

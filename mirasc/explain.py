@@ -45,7 +45,8 @@ _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha 
         "⟨": r"\langle ", "⟩": r"\rangle ", "½": r"\tfrac{1}{2}", "²": "^{2}", "¹": "^{1}", "₂": "_{2}",
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
         "×": r"\times ", "⊕": r"\oplus ", "⊗": r"\otimes ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
-        "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots ", "γ": r"\gamma ", "…": r"\ldots "}
+        "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots ", "γ": r"\gamma ", "…": r"\ldots ",
+        "ν": r"\nu ", "ρ": r"\rho "}
 # words that are functions (upright operators; those with their own macro first)
 _MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
 _OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
@@ -115,7 +116,7 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
     """The update rule of one token, step by step (docs/semantics.md), with the derived pieces; with latex=True
     every line is `label: $...$` in LaTeX."""
     lines = _equations(spec, d, latex) if spec.parametric else _nonparametric(spec.memory, spec.retention)
-    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ", "gamma": "γ"}
+    greek = {"eta": "η", "alpha": "α", "theta": "θ", "delta": "δ", "gamma": "γ", "nu": "ν", "rho": "ρ"}
     lines += [f"per head:   {greek[g]}_h = {_show(c.expr, latex) if latex else S.format_value(c)}  "
               "(constant over tokens; head h = 0..H−1 of H)" for g, c in spec.per_head().items()]
     return [latex_line(line) for line in lines] if latex else lines
@@ -187,6 +188,15 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         step = "g_t·diag(η_t)"
     else:
         step = f"{_sym(lr, 'η')}·g_t"
+    if l.kind == "precond":  # the statistic of the gradient's key-side factor k_t, per key channel
+        out.append(f"statistic:  a_t = {_sym(l.nu, 'ν')}·a_{{t−1}} + {_sym(l.rho, 'ρ')}·k_t ⊙ k_t   (a ∈ ℝ^Dk, per key "
+                   "channel; it does not read W)")
+        if l.transform == "atk":
+            out.append(f"multiplier: m_t = {S.format_value(l.base)}^(−r/(1+|r|)),  r = log(a_t + "
+                       f"{S.format_value(l.eps)}) − ({S.format_value(l.center)})   (ATK)")
+        else:
+            out.append(f"multiplier: m_t = (a_t + {S.format_value(l.eps)})^(−1/2)   (rms)")
+        step = "g_t·diag(η_t ⊙ m_t)" if lr == S.GATE_K else f"{_sym(lr, 'η')}·g_t·diag(m_t)"
     if l.kind == "momentum":
         out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} − {step},  U_t = S_t")
     elif l.kind == "muon":

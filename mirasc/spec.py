@@ -34,8 +34,9 @@ over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), a c
 constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
-GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma"}
-GATE_ORDER = ("eta", "alpha", "theta", "delta", "gamma")
+GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma", "nu": "nu",
+                 "rho": "rho"}
+GATE_ORDER = ("eta", "alpha", "theta", "delta", "gamma", "nu", "rho")
 # Per-token inputs of the op that are not coefficients (keys): name -> the channels they span. They are
 # declared by the module as EXTRAS and passed as `apply(..., extras={name: [B, T, H, Dk]})`.
 EXTRA_INPUTS = {"kappa": "k"}
@@ -46,6 +47,8 @@ COEF_RANGE = {
     "theta": (lambda x: x >= 0, lambda x: x <= 1, "a momentum factor is in [0, 1]"),
     "delta": (lambda x: x > 0, lambda x: True, "a Huber threshold is > 0"),
     "gamma": (lambda x: x >= 0, lambda x: x <= 1, "an Omega-rule token weight is in [0, 1]"),
+    "nu": (lambda x: x >= 0, lambda x: x <= 1, "a preconditioner statistic's decay is in [0, 1]"),
+    "rho": (lambda x: x >= 0, lambda x: True, "a preconditioner statistic's rate is >= 0"),
 }
 # Value a coefficient takes when the spec does not declare it.
 UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
@@ -220,6 +223,28 @@ class Implicit(Form):
     steps: Steps = 1
 
 
+class Precond(Form):
+    """A diagonal preconditioned learner (docs/semantics.md, "Preconditioned learner"): a second-moment statistic of
+    the gradient's key-side factor per key channel, a_t = ν_t a_{t−1} + ρ_t k_t², and the step of gd with the key
+    channel learning rate η_t·m(a_t): `transform=atk` FLA's ATK squash (preconditioned Gated DeltaNet / KDA),
+    m(a) = base^(−r/(1+|r|)), r = log(a + eps) − center; `transform=rms` m(a) = (a + eps)^(−1/2) (RMSprop / Adagrad).
+    For a linear memory the gradient is e kᵀ, so the statistic never reads the memory and the step stays chunkable:
+    the op runs gd(lr=gate(k)) with η_t ⊙ m(a_t) (`Spec.inner_spec`)."""
+
+    kind: Literal["precond"] = "precond"
+    lr: Coef = GATE
+    nu: Coef = GATE   # ν_t: the statistic's decay (FLA: e^{g_atk}); 1 with rho=1 is Adagrad's plain running sum
+    rho: Coef = GATE  # ρ_t: the statistic's rate (FLA: β_atk); 1 − ν for an exponential moving average
+    transform: Literal["atk", "rms"] = "rms"
+    base: Annotated[float, Field(gt=1, le=1e6)] = 1.5          # atk: m ranges over (1/base, base)
+    center: Annotated[float, Field(ge=-100, le=100)] = -0.2    # atk: log a at which m = 1
+    eps: Annotated[float, Field(gt=0, le=1)] = 1e-6            # > 0: m(0) is finite (the statistic starts at 0)
+
+
+# The atk-only parameters and their defaults (rejected with transform=rms unless left at them).
+PRECOND_ATK_PARAMS = ("base", "center")
+
+
 class NonparametricLearner(Form):
     kind: Literal["nonparametric"] = "nonparametric"
 
@@ -243,7 +268,7 @@ VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
     "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
     "retention": {"none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman},
-    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon,
+    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon, "precond": Precond,
                 "nonparametric": NonparametricLearner},
     "parallel": {"exact": Exact, "minibatch": Minibatch},
 }
@@ -279,6 +304,8 @@ class LayerOptions(Form):
     theta_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0   # momentum θ = sigmoid(theta_bias + ·) at init
     delta_bias: Annotated[float, Field(ge=-20, le=100)] = 0.5  # Huber δ = softplus(delta_bias + ·) at init
     gamma_bias: Annotated[float, Field(ge=-20, le=20)] = 3.0   # Omega token weight γ = sigmoid(gamma_bias + ·) at init
+    nu_bias: Annotated[float, Field(ge=-20, le=20)] = 5.0      # precond statistic's decay ν = sigmoid(nu_bias + ·)
+    rho_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0     # precond statistic's rate ρ = sigmoid(rho_bias + ·)
     qk_norm: Literal["l2", "none"] = "l2"
     out_norm: Literal["rms", "none"] = "rms"
     out_gate: bool = True
@@ -320,7 +347,7 @@ class Spec(BaseModel):
     memory: Linear | MLP | Nonparametric
     bias: Dot | L2 | Lp | Huber | Custom
     retention: NoRetention | Decay | Lq | KL | Elastic | Bregman
-    learner: GD | Momentum | Muon | Implicit | NonparametricLearner
+    learner: GD | Momentum | Muon | Implicit | Precond | NonparametricLearner
     parallel: Exact | Minibatch
     layer: LayerOptions = LayerOptions()
 
@@ -416,6 +443,19 @@ class Spec(BaseModel):
         return getattr(self.learner, "steps", 1)
 
     @property
+    def precond(self) -> bool:
+        """Whether the learner is the diagonal preconditioned one (`precond`)."""
+        return self.learner.kind == "precond"
+
+    def inner_spec(self) -> Spec:
+        """The spec the op runs once the preconditioner has made the learning rate: `precond` becomes
+        gd(lr=gate(k)), whose key-channel η is η_t·m(a_t) (docs/semantics.md, "Preconditioned learner"); every
+        other spec is itself."""
+        if not self.precond:
+            return self
+        return self.model_copy(update={"learner": GD(lr=GATE_K)})
+
+    @property
     def gates(self) -> tuple[str, ...]:
         coefs = self.coefficients()
         return tuple(g for g in GATE_ORDER if coefs.get(g) in GATE_FORMS)
@@ -471,7 +511,8 @@ def form_text(form: Form) -> str:
             and not (p == "window" and v == 1) and not (p == "gamma" and v == 1.0)
             and not (p == "feature" and v == "identity")
             and not (p == "degree" and form.kind in ("linear", "mlp") and form.feature != "poly")
-            and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)]
+            and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)
+            and not (form.kind == "precond" and form.transform == "rms" and p in PRECOND_ATK_PARAMS)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -605,6 +646,7 @@ def check_combination(spec: Spec) -> None:
     _check_omega(spec)
     _check_features(spec)
     _check_muon(spec)
+    _check_precond(spec)
     if b.kind == "huber" and b.mode == "mixture" and m.kind == "nonparametric":
         raise Rejection("bias", "huber mixture needs a parametric memory")
 
@@ -831,3 +873,45 @@ def _check_muon(spec: Spec) -> None:
     if par.kind == "minibatch" and par.readout == "chunk":
         raise Rejection("parallel", "readout=chunk (lq/kl) is not defined with muon: use readout=token",
                         param="readout")
+
+
+def _check_precond(spec: Spec) -> None:
+    """The preconditioned learner (docs/semantics.md, "Preconditioned learner"): its statistic is over the key-side
+    factor of a linear memory's gradient e kᵀ, which does not read the memory; what has no defined meaning, and why."""
+    m, l, par = spec.memory, spec.learner, spec.parallel
+    if l.kind != "precond":
+        return
+    if l.transform == "rms":
+        for p in PRECOND_ATK_PARAMS:
+            if getattr(l, p) != Precond.model_fields[p].default:
+                raise Rejection("learner", f"`{p}` shapes the atk transform m(a) = base^(−r/(1+|r|)), r = log(a + eps) "
+                                "− center; with transform=rms, m(a) = (a + eps)^(−1/2), it has no effect: drop it or "
+                                "write `transform=atk`", param=p)
+    if m.kind != "linear":
+        raise Rejection("learner", "`precond` keeps a second-moment statistic per key channel of the gradient's "
+                        "key-side factor; an MLP memory's gradient factors past the first layer are hidden "
+                        "activations that depend on W, so the statistic would read the memory and the step would "
+                        "not stay a per-channel learning rate: use a linear memory, or gd/momentum")
+    if spec.composite or spec.poly_degree:
+        normalize = " and `normalize=true`" if m.normalize else ""
+        raise Rejection("learner", f"`precond` with `feature={m.feature}`{normalize} is not defined here: the "
+                        "statistic is over the memory's key channels, and a feature map "
+                        "makes the gradient's key-side factor φ(k) (of another width for taylor, hedgehog, poly); use "
+                        "`linear` without a feature map")
+    # (l2(read/erase=kappa) is refused before: _check_generalized_delta takes gd only)
+    if spec.window > 1:
+        raise Rejection("bias", "an Omega window with `precond`: the preconditioned rate is a key-channel learning "
+                        "rate, and over a window it would weigh token i's loss by step t's multiplier; use window=1",
+                        param="window")
+    if par.kind == "minibatch" and par.readout == "chunk":
+        raise Rejection("parallel", "readout=chunk (lq/kl) is not defined with `precond`: use readout=token",
+                        param="readout")
+    if l.lr == GATE_V:
+        raise Rejection("learner", "`precond(lr=gate(v))`: the preconditioner scales the key channels of the step "
+                        "(U = −g·diag(η ⊙ m)); a value-channel rate on top would scale both sides of W, which the "
+                        "op's single channel-wise rate does not carry: use `lr=gate` or `lr=gate(k)`", param="lr")
+    for p in ("nu", "rho"):
+        if getattr(l, p) in (GATE_K, GATE_V):
+            raise Rejection("learner", f"`{p}={getattr(l, p)}`: the statistic's {'decay' if p == 'nu' else 'rate'} is "
+                            "one number per head and token here (as FLA's g_atk, β_atk); write `" + p + "=gate` or a "
+                            "constant", param=p)

@@ -12,7 +12,7 @@ Config format (one hand-written dict per spec file in ``specs/``)::
          bias=dict(kind="dot" | "l2" | "lp"(p, eps) | "huber"(delta, mode) | "custom"(f)),
          retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
                         | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
-         learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr)),
+         learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr) | "precond"(lr, nu, rho, transform, ...)),
          parallel=None | C,
          readout="token" | "chunk",   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
          steps=n)                     # optional; a multi-step learner (gd(steps=n), implicit(steps=n))
@@ -38,6 +38,11 @@ read="kappa")`` reads the error at the regression key κ and steps along k, g = 
 ``erase="kappa"`` takes g = ∇½‖M(κ)‖² (autograd) and adds the write v kᵀ to the step at unit rate. κ is read
 from the gates dict under ``kappa`` ([B, T, H, Dk]; :func:`make_inputs` draws it there, unit-norm rows).
 
+The preconditioned learner (docs/semantics.md, "Preconditioned learner"): ``learner=dict(kind="precond", lr, nu, rho,
+transform="atk" | "rms", base, center, eps)`` keeps the statistic a_t = ν_t a_{t−1} + ρ_t (k_t ⊙ k_t) per key channel
+(state ``A`` [B, H, Dk]), its multiplier m_t = base^(−r/(1+|r|)) with r = log(a_t + eps) − center (atk) or
+m_t = (a_t + eps)^(−1/2) (rms), and takes U_t = −η_t·g_t·diag(m_t): the gradient's columns (key channels) scaled.
+
 A multi-step learner (docs/semantics.md, "Multi-step learners"): ``steps=n`` makes k, v [B, T, H, n, D], η
 [B, T, H, n] (channel-wise [B, T, H, n, D]) and κ [B, T, H, n, Dk]; token t takes n sub-steps j = 1..n, each the
 token step above with (k_{t,j}, v_{t,j}, η_{t,j}, κ_{t,j}) at the state the previous sub-step left, the retention's
@@ -53,9 +58,10 @@ import torch.nn.functional as F
 
 Tensor = torch.Tensor
 
-GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma"}
+GATE_OF_ROLE = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma", "nu": "nu",
+                "rho": "rho"}
 DEFAULT_GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0),
-                       "gamma": (0.0, 1.0)}
+                       "gamma": (0.0, 1.0), "nu": (0.5, 1.0), "rho": (0.1, 1.0)}
 
 _MLP = dict(kind="mlp", depth=2, expansion=4, act="gelu", residual=True, norm="layernorm")
 _LINEAR = dict(kind="linear")
@@ -224,6 +230,22 @@ REF_CONFIGS: dict[str, dict] = {
         learner=dict(kind="gd", lr=1.0),
         parallel=None,
     ),
+    "precond_gated_deltanet": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate", order="pre"),
+        learner=dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=1.5, center=-0.2,
+                     eps=1e-6),
+        parallel=None,
+    ),
+    "precond_kda": dict(
+        memory=_LINEAR,
+        bias=dict(kind="l2"),
+        retention=dict(kind="decay", alpha="gate(k)", order="pre"),
+        learner=dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=1.5, center=-0.2,
+                     eps=1e-6),
+        parallel=None,
+    ),
     "retnet": dict(
         memory=_LINEAR,
         bias=dict(kind="dot"),
@@ -360,6 +382,8 @@ def state_keys(cfg) -> list[str]:
         keys += [f"A_{n}" for n in names]
     if cfg["learner"]["kind"] in ("momentum", "muon"):
         keys += [f"S_{n}" for n in names]
+    if cfg["learner"]["kind"] == "precond":
+        keys.append("A")
     if cfg["memory"].get("normalize") is not None:
         keys.append("z")
     if cfg["bias"].get("window", 1) > 1:
@@ -588,6 +612,7 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             d_j = state["win_delta"][:, :, j][..., None] if "win_delta" in state else 0.0
             gamma_j = state["win_gamma"][:, :, j][..., None]
             window.append((state["win_k"][:, :, j], state["win_v"][:, :, j], d_j, gamma_j))
+    stat = state["A"] if lrn["kind"] == "precond" else None  # the preconditioner's statistic a [B, H, Dk]
     anchor = W
     Z = None  # kl with α over key channels: the log-space accumulator (below)
     outs = []
@@ -646,6 +671,19 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             U = {n: -eta * g[n] for n in names}  # (lr=gate(k): eta [B,H,1,Dk] scales g's columns)
             if erase:  # the write v kᵀ at unit rate
                 U = {"W": U["W"] + vt[..., :, None] * kt[..., None, :]}
+        elif lrn["kind"] == "precond":
+            # a_t = ν_t a_{t−1} + ρ_t k_t², then m_t from a_t, and the step −η_t g_t diag(m_t)
+            nu = _coef(lrn.get("nu"), "nu", gates, t, 1.0)
+            rho = _coef(lrn.get("rho"), "rho", gates, t, 1.0)
+            nu, rho = (x[..., 0] if isinstance(x, Tensor) else x for x in (nu, rho))  # [B, H, 1] or a float
+            stat = nu * stat + rho * kt * kt
+            small = float(lrn.get("eps", 1e-6))
+            if lrn.get("transform", "rms") == "atk":
+                r = torch.log(stat + small) - float(lrn.get("center", -0.2))
+                m = float(lrn.get("base", 1.5)) ** (-r / (1.0 + torch.abs(r)))
+            else:
+                m = 1.0 / torch.sqrt(stat + small)
+            U = {n: -eta * g[n] * m[..., None, :] for n in names}
         elif lrn["kind"] == "momentum":
             S = {n: theta * S[n] - eta * g[n] for n in names}
             U = S
@@ -712,6 +750,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         elif key.startswith("win_"):  # the window left at the end: the last c − 1 tokens ([B, H, c − 1, ·])
             j = ("win_k", "win_v", "win_delta", "win_gamma").index(key)
             final[key] = torch.stack([w[j] if j < 2 else _as_column(w[j], w[0]) for w in window[-(c_win - 1):]], 2)
+        elif key == "A":
+            final[key] = stat
         elif key.startswith("A_"):
             final[key] = A[key[2:]]
         elif key.startswith("S_"):
@@ -787,6 +827,8 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         state.update({f"A_{n}": state[n].clone() for n in shapes})
     if cfg["learner"]["kind"] in ("momentum", "muon"):
         state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})
+    if cfg["learner"]["kind"] == "precond":  # the preconditioner's statistic: a sum of squares, so >= 0
+        state["A"] = torch.rand(B, H, Dk, generator=g, dtype=f64)
     if mem.get("normalize") is not None:  # the normaliser: a sum of positive features, so positive entries
         state["z"] = torch.rand(B, H, 1, shapes["W"][1], generator=g, dtype=f64)
     c = cfg["bias"].get("window", 1)

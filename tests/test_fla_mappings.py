@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import math
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,6 @@ ALGORITHMS = [("recurrent", None), ("chunked", 8)]
 
 INLINE = {
     "gdn2": "memory = linear; bias = l2(read=kappa); retention = decay(alpha=gate(k), order=pre); learner = gd(lr=1)",
-    "precond_gdn": "memory = linear; bias = l2; retention = decay(alpha=gate, order=pre); learner = gd(lr=gate(k))",
-    "precond_kda": "memory = linear; bias = l2; retention = decay(alpha=gate(k), order=pre); learner = gd(lr=gate(k))",
     "hgrn": "memory = linear; bias = dot; retention = decay(alpha=gate(v)); learner = gd(lr=1)",
     "momentum_delta": "memory = linear; bias = l2; retention = decay(alpha=gate); "
                       "learner = momentum(lr=gate, theta=gate)",
@@ -104,51 +101,6 @@ def test_gdn2_is_read_kappa_with_gated_values(algorithm, chunk):
     def theirs():
         o, S = naive(x["q"], x["k"], x["v"], -0.3 * x["g"], x["b"], x["w"], scale=1.0, initial_state=x["S0"],
                      output_final_state=True)
-        return o, _T(S)
-
-    compare(ours, theirs, x)
-
-
-def _atk_multiplier(k, g_atk, beta_atk, center=-0.2, x=1.5, eps=1e-6):
-    """FLA's ATK preconditioner, computed by the caller: A_t = e^{g_atk} A_{t−1} + β_atk k², M = x^{−s(log A − c)}."""
-    A, out = torch.zeros_like(k[:, 0]), []
-    for t in range(k.shape[1]):
-        A = g_atk[:, t].exp()[..., None] * A + beta_atk[:, t][..., None] * k[:, t] ** 2
-        r = torch.log(A + eps) - center
-        out.append(torch.exp(-math.log(x) * r / (1 + r.abs())))
-    return torch.stack(out, 1)
-
-
-@pytest.mark.parametrize("algorithm,chunk", ALGORITHMS)
-@pytest.mark.parametrize("variant", ["precond_gdn", "precond_kda"])
-def test_preconditioned_delta_rules_are_a_key_channel_learning_rate(variant, algorithm, chunk):
-    """Preconditioned Gated DeltaNet / KDA: the error is read at k, the step taken along β·M ⊙ k, where the
-    multiplier M comes from a scan over k² that does not read the memory: lr=gate(k) with η = β·M. FLA's Gated
-    DeltaNet variant ℓ2-normalises q and k inside; the caller does it here (it changes the gradients only)."""
-    channel = variant == "precond_kda"
-    gshape = (B, T, H, DK) if channel else (B, T, H)
-    x = leaves(2, q=("n", (B, T, H, DK)), k=("n", (B, T, H, DK)), v=("", (B, T, H, DV)), g=("u", gshape),
-               g_atk=("u", (B, T, H)), beta_atk=("u", (B, T, H)), beta=("u", (B, T, H)), S0=("", (B, H, DK, DV)))
-    mod = spec(variant)
-
-    def ours():
-        g, g_atk = -0.3 * x["g"], -0.2 * x["g_atk"]
-        q, k = (x["q"], x["k"]) if channel else (torch.nn.functional.normalize(x[n], dim=-1) for n in "qk")
-        eta = x["beta"][..., None] * _atk_multiplier(k, g_atk, x["beta_atk"])
-        o, st = mod.apply(q, k, x["v"], {"eta": eta, "alpha": g.exp()}, state={"W": _T(x["S0"])},
-                          algorithm=algorithm, chunk_size=chunk)
-        return o, st["W"]
-
-    def theirs():
-        g, g_atk = -0.3 * x["g"], -0.2 * x["g_atk"]
-        if channel:
-            naive = fla("precond_kda.naive", "naive_recurrent_precond_kda")
-            o, S, _ = naive(x["q"], x["k"], x["v"], g, g_atk, x["beta_atk"], x["beta"], scale=1.0,
-                            initial_state=x["S0"], output_final_state=True)
-        else:
-            naive = fla("precond_gated_delta_rule.naive", "naive_recurrent_precond_gated_delta_rule")
-            o, S, _ = naive(x["q"], x["k"], x["v"], g_atk, g, x["beta_atk"], x["beta"], scale=1.0,
-                            initial_state=x["S0"], output_final_state=True)
         return o, _T(S)
 
     compare(ours, theirs, x)

@@ -31,9 +31,11 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     par = spec.parallel
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
+    unread += ("A",) if spec.precond else ()  # the preconditioner's statistic: a sum of squares from 0
     layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
                                "composite": spec.composite, "normalize": spec.normalized,
-                               "omega": spec.window > 1})  # the carried window win_* is not learned
+                               "omega": spec.window > 1,  # the carried window win_* is not learned
+                               "precond": spec.precond})  # the statistic a is carried beside the memory
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
@@ -42,7 +44,9 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
 PER_HEAD_RANGE = {"eta": ("x >= 0", "a learning rate is >= 0"), "alpha": ("(x >= 0) & (x <= 1)", "a retention "
                   "factor is in [0, 1]"), "theta": ("(x >= 0) & (x <= 1)", "a momentum factor is in [0, 1]"),
                   "delta": ("x > 0", "a Huber threshold is > 0"),
-                  "gamma": ("(x >= 0) & (x <= 1)", "an Omega-rule token weight is in [0, 1]")}
+                  "gamma": ("(x >= 0) & (x <= 1)", "an Omega-rule token weight is in [0, 1]"),
+                  "nu": ("(x >= 0) & (x <= 1)", "a preconditioner statistic's decay is in [0, 1]"),
+                  "rho": ("x >= 0", "a preconditioner statistic's rate is >= 0")}
 
 
 def per_head_source(spec: S.Spec) -> str:
@@ -276,16 +280,17 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
     if spec.learner.kind in ("momentum", "muon"):
         lines.append("    Momentum buffers S_i start at 0.")
+    if spec.precond:
+        lines.append("    The preconditioner's statistic A [B, H, Dk] starts at 0.")
     if spec.window > 1:
         lines.append(f"    The Omega window (the {spec.window - 1} tokens before the first) starts empty: zero keys, "
                      "values and weights γ = 0.")
     return "\n".join(lines)
 
 
-def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
-    """The emitted module: docstring, the torch template (its flags and slots), the Triton sections, the Layer."""
+def _constants(spec: S.Spec) -> dict[str, float]:
+    """The coefficients that are numbers in the spec, and the undeclared ones the update reads (η = 1, α = 1, θ = 0)."""
     r, l = spec.retention, spec.learner
-    kind, reason = chunked_form(spec, grad)
     coefs = spec.coefficients()
     per_head = spec.per_head()  # filled per head by _per_head_coefficients, then like a gate
     constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS and g not in per_head}
@@ -293,8 +298,30 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
+    return constants
+
+
+def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
+    """The emitted module: docstring, the torch template (its flags and slots), the Triton sections, the Layer.
+    A `precond` learner: the public op (its gates, constants, spec text, state "A") is the spec's, and everything
+    after the preconditioner is printed for `spec.inner_spec()`, gd(lr=gate(k)) (the IR graphs are the inner
+    spec's too: compiler.compile_parsed)."""
+    outer, spec = spec, spec.inner_spec()
+    kind, reason = chunked_form(spec, grad)
+    per_head = spec.per_head()
+    constants = _constants(spec)
     flags = _flags(spec, d, kind)
     subs = _slots(spec, d, forward, grad, kind, reason, constants)
+    if outer.precond:  # the op's public coefficients are the precond learner's (η, ν, ρ); the inner run's follow
+        public = outer.gate_channels()
+        subs.update(SPEC=outer.canonical(), GATES=repr(outer.gates), CONSTANTS=repr(dict(sorted(
+            _constants(outer).items()))), GATE_CHANNELS=repr({g: side for g, side in public.items() if side}),
+            PER_HEAD=per_head_source(outer), INIT_DOC=_init_doc(outer, d))
+        flags["per_head"] = bool(outer.per_head())
+        lrn = outer.learner
+        flags.update(precond=True, precond_atk=lrn.transform == "atk")
+        subs["PRECOND"] = repr({"transform": lrn.transform, "eps": float(lrn.eps)} | (
+            {"base": float(lrn.base), "center": float(lrn.center)} if lrn.transform == "atk" else {}))
     coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
         + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
@@ -307,7 +334,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
     triton_line = _triton_line(spec, triton_section, no_triton, family, minibatch, flags["chunk_readout_triton"])
-    return docstring(spec, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(spec, d)
+    return docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d)
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
@@ -361,6 +388,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "channel_k": channel_decay == "k",
         "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
         "multistep": spec.steps > 1,
+        "precond": False, "precond_atk": False,  # (set by emit for a precond learner's public op)
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
                            and l.kind != "momentum" and r.kind in ("none", "decay")),
     }
@@ -403,6 +431,8 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "WINDOW_COEFS": repr(_window_coefficients(spec, grad)),
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
+        "ETA_SIDE": repr(spec.gate_channels().get("eta")),
+        "PRECOND": "None",
     }
 
 
