@@ -477,6 +477,7 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
                                          "form's chunk kernels, and there are none for this memory and learner")
     flags["triton"] = bool(triton_section)
     flags["triton_chunked"] = family is not None
+    flags["triton_momentum"] = family == "momentum"  # padding tokens also need θ = 1 (S must not decay)
     if family is not None:
         triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks)
     flags["triton_minibatch"] = minibatch

@@ -47,6 +47,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
         return "delta"
     if chunk_kind == "gdelta":  # validated: gd, none/decay, gates per head or over key channels, exact
         return "gdelta"
+    if chunk_kind == "momentum_delta":  # l2, momentum, none/decay, gates per head (torch_backend.chunked_form)
+        return "momentum"
     if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
         return "minibatch"
     return None
@@ -59,7 +61,8 @@ def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False) 
     r = spec.retention
     sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
-             "chunk_gdelta": family == "gdelta", "gdelta_write": spec.generalized_delta == "erase",
+             "chunk_gdelta": family == "gdelta", "chunk_momentum": family == "momentum",
+             "gdelta_write": spec.generalized_delta == "erase",
              "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
              "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
