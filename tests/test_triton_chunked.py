@@ -30,6 +30,8 @@ MULTISTEP_CHUNK_SPECS = ["deltaproduct", "gated_deltaproduct"]
 GDELTA_CHUNK_SPECS = ["comba", "rwkv7"]
 # the momentum delta rule (the state [W, S], its own scan kernels): tests/test_triton_momentum_delta.py
 MOMENTUM_CHUNK_SPECS = ["momentum_deltanet"]
+# the preconditioned learner on the delta kernels (gd(lr=gate(k)) after the statistic's scan): tests/test_precond.py
+PRECOND_CHUNK_SPECS = ["precond_gated_deltanet", "precond_kda"]
 VARIANTS = {
     # delta rule with the decay after the step (the gradient sees W_{t-1}, not α_t W_{t-1})
     "delta_post_decay": "memory = linear\nbias = l2\nretention = decay(alpha=gate, order=post)\nlearner = gd(lr=gate)",
@@ -112,7 +114,7 @@ def test_which_specs_have_chunked_kernels():
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras")
                   if hasattr(mirasc.compile_spec(p), "_chunked_triton"))
     assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS
-                         + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS)
+                         + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS + PRECOND_CHUNK_SPECS)
 
 
 def test_triton_default_is_the_chunked_kernel():
