@@ -32,6 +32,8 @@ CASES = [
     ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
     ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept)
+    ("momentum_deltanet", "sm_90", 128, "float32", "chunked", {"_mom_state_fwd", "_mom_state_bwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the flash kernels' tiles pruned for sm_80 (fixed 64 x 64 tiles spilled in bf16 and did not fit in fp32)
     ("transformer", "sm_80", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv", "_flash_bwd_dq"}),
@@ -48,6 +50,7 @@ CASES = [
 KERNELS = {"chunked": {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
                        "_chunk_grads_bwd"},
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
+MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
 EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}, "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"}}
@@ -83,7 +86,8 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
     names = {r["kernel"] for r in rows}
     assert names, "no kernel was launched"
     if algorithm:
-        assert names == (MINIBATCH_KERNELS if spec == "titans" else KERNELS[algorithm] | EXTRA_KERNELS.get(spec, set()))
+        assert names == (MINIBATCH_KERNELS if spec == "titans" else MOMENTUM_KERNELS if spec == "momentum_deltanet"
+                         else KERNELS[algorithm] | EXTRA_KERNELS.get(spec, set()))
     for r in rows:
         if r["kept"] is False:
             continue
