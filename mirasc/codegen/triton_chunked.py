@@ -9,6 +9,10 @@ the chunk-parallel ones take one 16-row sub-block per program and never evaluate
 lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
 WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and write (k) directions differ, presents
 each token to the kernels as two rows, an erase row and a write row with the same decay (the template's header).
+The momentum delta rule (l2, momentum, gates per head) is the exception: its state [W, S] mixes W and S through a
+2x2 factor per token that no diagonal decay expresses, so it has its own scan kernels over (W, S) and computes the
+chunk-parallel parts (outputs, gradients) as torch matmuls on the chunk states they store (the template's
+"Momentum delta rule" block).
 
 Nothing here is printed from the IR: the kernels are fixed text, selected by template flags.
 """
@@ -30,7 +34,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
     one triangular solve per chunk), "gdelta" (l2 with read=kappa / erase=kappa: the generalized delta
     transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
-    gradients at the chunk's anchor).
+    gradients at the chunk's anchor). "momentum" (l2 bias, momentum learner, gates per head) is not on the pair: its
+    own scans carry the state [W, S] (one triangular solve per chunk in the preparation).
     Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
     take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
     every family (the mini-batch family's gradients at the anchor need no coupling, so its
