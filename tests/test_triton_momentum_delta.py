@@ -167,3 +167,29 @@ def test_channel_gates_have_no_chunked_triton_kernel():
     gates = {"eta": torch.rand(1, 4, 1), "alpha": torch.rand(1, 4, 1, 3), "theta": torch.rand(1, 4, 1)}
     with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
         mod.apply(q, q, q, gates, backend="triton", algorithm="chunked")
+
+
+def test_chunk_path_compiles_without_graph_breaks():
+    """The momentum chunk path (the solve, the scan ops, the torch outputs) under torch.compile(fullgraph=True): the
+    same outputs, final W and S and gradients as eager."""
+    mod = _module("decay-pre")
+    gen = torch.Generator().manual_seed(6)
+    q, k = (torch.nn.functional.normalize(torch.randn(1, 20, 2, 16, generator=gen), dim=-1) for _ in range(2))
+    v = torch.randn(1, 20, 2, 16, generator=gen)
+    gates = {n: 0.5 + 0.5 * torch.rand(1, 20, 2, generator=gen) for n in mod.GATES}
+    state = {"W": 0.3 * torch.randn(1, 2, 16, 16, generator=gen), "S_W": 0.3 * torch.randn(1, 2, 16, 16, generator=gen)}
+    leaves = [q, k, v, *gates.values(), *state.values()]
+    for t in leaves:
+        t.requires_grad_(True)
+
+    def run(q, k, v, gates, state):
+        o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", chunk_size=16)
+        return o, final["W"], final["S_W"]
+
+    got = torch.compile(run, backend="aot_eager", fullgraph=True)(q, k, v, gates, state)
+    ref = run(q, k, v, gates, state)
+    assert all(rel(a, b) < 1e-6 for a, b in zip(got, ref))
+    grads = torch.autograd.grad(sum(x.sum() for x in got), leaves)
+    ref_grads = torch.autograd.grad(sum(x.sum() for x in ref), leaves)
+    for a, b in zip(grads, ref_grads):
+        assert rel(a, b) < 1e-5
