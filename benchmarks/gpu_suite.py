@@ -17,6 +17,8 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * rwkv7 / comba (generalized delta transition): the chunked Triton kernels and the torch chunked path vs fla
     chunk_dplr_delta_rule (a = −κ, b = η ⊙ κ, gk = log α: the same function) / chunk_comba (p = κ; fla's chunk
     kernel reads at the undecayed state, the bundled comba decays first: same cost, not the same function);
+  * momentum_deltanet: the chunked Triton kernels (own scans over [W, S]) and the torch chunked path vs fla
+    chunk_momentum_delta_rule with p = k (a cost peer: the gates are not mapped, θ = μ, η = β);
   * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
@@ -36,7 +38,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
-         "ttt_linear", "titans", "rwkv7", "comba"]
+         "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet"]
 
 
 def emit(out_dir: Path) -> None:
@@ -238,6 +240,24 @@ def run(args) -> list:
             timed(f"{name}: mirasc chunked ({backend}) vs fla chunk", lambda mod=mod, q=q, k=k, v=v, gs=gs, kap=kap,
                   backend=backend: mod.apply(q, k, v, gs, extras={"kappa": kap}, backend=backend,
                                              algorithm="chunked")[0], rows, device, tokens, peer=peer, **cost)
+
+    # -- the momentum delta rule (α, θ, η per head): its own [W, S] scans vs fla's chunk_momentum_delta_rule, p = k.
+    # A cost peer: fla's op differs in its gate parametrisation (θ_t = μ_t β_t / β_{t-1} maps it, tests), not in work.
+    mod = mods["momentum_deltanet"]
+    q, k, v, gs = make_inputs(B, T, H, D, dtype, device, ("alpha", "eta", "theta"))
+    peer = None
+    if fops is not None and not smoke:
+        from fla.ops.momentum_delta_rule import chunk_momentum_delta_rule
+
+        def peer(q=q, k=k, v=v, gs=gs):
+            return chunk_momentum_delta_rule(q, k, v, gs["alpha"].log(), gs["theta"].clamp_min(1e-6).log(), p=k,
+                                             beta=gs["eta"], scale=1.0, use_qk_l2norm_in_kernel=False)[0]
+    for backend in ("triton", "torch"):
+        timed(f"momentum_deltanet: mirasc chunked ({backend}) vs fla chunk_momentum_delta_rule (cost peer)",
+              lambda q=q, k=k, v=v, gs=gs, backend=backend: mod.apply(q, k, v, gs, backend=backend,
+                                                                      algorithm="chunked")[0],
+              rows, device, tokens, peer=peer, flops=2 * flops_chunked_linear(B, H, T, D, delta=True),
+              nbytes=5 * B * T * H * D * q.element_size() + 12 * B * T * H)
 
     # -- TTT-linear (mini-batch 16) vs fla's chunk_ttt_linear. Not the same function: fla's TTT puts a
     # LayerNorm with a residual on the memory's output inside the inner loss; same shapes, similar cost.
