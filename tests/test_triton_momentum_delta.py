@@ -193,3 +193,25 @@ def test_chunk_path_compiles_without_graph_breaks():
     ref_grads = torch.autograd.grad(sum(x.sum() for x in ref), leaves)
     for a, b in zip(grads, ref_grads):
         assert rel(a, b) < 1e-5
+
+
+def test_any_chunk_length_and_gates_of_zero():
+    """A chunk of 1 token, 5 (a 16-row tile, mostly padding), 16, and one chunk longer than T; α = 0 and θ = 0 at
+    some tokens (the segment products have no division): o, W and S equal the float64 torch recurrence."""
+    mod = _module("decay-post")
+    gen = torch.Generator().manual_seed(2)
+    B, T, H, Dk, Dv = 1, 19, 1, 6, 5
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, Dk, generator=gen, dtype=f64), dim=-1)
+            for _ in range(2))
+    v = torch.randn(B, T, H, Dv, generator=gen, dtype=f64)
+    gates = {n: torch.rand(B, T, H, generator=gen, dtype=f64) for n in mod.GATES}
+    gates["alpha"][0, 3, 0] = 0.0
+    gates["theta"][0, 7, 0] = 0.0
+    state = {n: 0.3 * torch.randn(B, H, Dv, Dk, generator=gen, dtype=f64) for n in ("W", "S_W")}
+    o_r, f_r = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    for chunk in (1, 5, 16, 64):
+        o, f = mod.apply(q.float(), k.float(), v.float(), {n: x.float() for n, x in gates.items()},
+                         state={n: x.float() for n, x in state.items()}, backend="triton", algorithm="chunked",
+                         chunk_size=chunk)
+        errs = (rel(o, o_r), rel(f["W"], f_r["W"]), rel(f["S_W"], f_r["S_W"]))
+        assert max(errs) < 1e-5, (chunk, errs)
