@@ -202,8 +202,9 @@ def test_packed_sequences_in_one_launch(name):
         (o, fin, grads), (ref, ref_fin, ref_grads) = runs
         assert len(grads) == len(leaves)
         # float32 kernels vs the float64 torch path: Titans-like momentum + LayerNorm over 14 chunks (any_c3)
-        # puts S at 3.5e-5; 5e-5 is the mini-batch kernels' tolerance at T <= 70 (benchmarks/RESULTS.md)
-        tol = 5e-5
+        # puts S at 3.5e-5 on one x86 machine and 5.8e-5 on another (float32 rounding differs with the CPU's
+        # kernels); an error in the algorithm is 1e-2 and up
+        tol = 1e-4
         assert rel(o, ref) < tol
         for a, b in zip(fin + list(grads), ref_fin + list(ref_grads)):
             assert rel(a, b) < tol

@@ -24,7 +24,8 @@ def _atlas(spec) -> bool:
 
 ATLAS = sorted(p.stem for p in ALL_SPECS if _atlas(mirasc.parse_file(p)))
 SPECS = [p for p in ALL_SPECS if mirasc.parse_file(p).parametric and p.stem not in CHUNK_READOUT + ATLAS]
-RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0)}
+RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0),
+          "nu": (0.8, 1.0), "rho": (0.1, 1.0)}  # nu, rho: precond's statistic decay and rate
 
 
 def _channels(mod, name, Dk, Dv):
@@ -214,7 +215,8 @@ def _check_vs_float64(mod, dims, T=40):
 # deltaproduct, gated_deltaproduct: sub-steps of the delta rule; momentum_deltanet: the momentum is per entry)
 V_TILED = ["based", "comba", "custom_cauchy", "deltanet", "deltaproduct", "gated_deltanet", "gated_deltaproduct", "gla",
            "hedgehog", "hgrn2", "hyperbolic_mirror", "kda", "linear_attention", "linear_attention_elu", "longhorn",
-           "mamba2", "momentum_deltanet", "retnet", "rwkv7", "sparse_lp", "ttt_linear"]
+           "mamba2", "momentum_deltanet", "precond_gated_deltanet", "precond_kda", "retnet", "rwkv7", "sparse_lp",
+           "ttt_linear"]
 
 
 def test_v_tiles_cover_the_row_separable_specs():
