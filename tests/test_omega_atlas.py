@@ -210,7 +210,7 @@ def test_no_chunk_form_says_why(name):
         mod.apply(q, k, v, gates, algorithm="chunked")
 
 
-@pytest.mark.parametrize("name", ["atlas_small", "omega_l2_linear", "poly_linear_pre"])
+@pytest.mark.parametrize("name", ["atlas_small", "poly_linear_pre"])  # (the Omega rule: tests/test_triton_omega.py)
 def test_triton_rejects_with_reason(name):
     mod = module(name)
     q, k, v, gates = make_inputs(CASES[name][1], 1, 3, 1, D, D, f64)

@@ -37,7 +37,7 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     preparation is the same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ
     run on the recurrent kernel only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or r.kind not in ("none", "decay"):
+    if m.kind != "linear" or r.kind not in ("none", "decay") or spec.window > 1:  # (the Omega rule: recurrent)
         return None
     if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
         return None  # value-side gates: the recurrent kernel only
