@@ -1,6 +1,7 @@
 """The Atlas pieces on Triton (docs/semantics.md, "Atlas"): the Omega rule in the fused recurrent kernels (c gradient
 factor evaluations per step at the current state, the window read from sequences with the carried tokens in front;
-the generated backward sums each window token's cotangents over the c steps that read it).
+the generated backward sums each window token's cotangents over the c steps that read it), and feature=poly on a
+linear memory (every kernel runs the plain linear memory on φ_p(q), φ_p(k), mapped in torch: Dk = 4 -> Dφ = 21).
 
 Under TRITON_INTERPRET=1 with small shapes (c = 3, T = 20): Triton against the independent float64 reference
 (tests/reference.py: autograd on the written-out window sum) and against the torch recurrence: outputs, the whole
@@ -27,7 +28,7 @@ B, H, T = 1, 2, 20
 _DECAY = dict(kind="decay", alpha="gate", order="post")
 _MLP = dict(kind="mlp", depth=2, expansion=2, act="gelu", residual=True, norm="layernorm")
 
-# name -> (spec body, reference config, Dk, Dv, fp32 tolerance)
+# name -> (spec body, reference config, Dk, Dv, fp32 tolerance[, the Triton algorithms]); muon has no kernel
 CASES = {
     "l2_decay": (  # OmegaNet's rule on a linear memory; Dv = 8 crosses two V tiles (partial sums of dk, dγ)
         "memory = linear; bias = l2(window=3, gamma=gate); retention = decay(alpha=gate); learner = gd(lr=gate)",
@@ -57,7 +58,24 @@ CASES = {
         dict(memory=_MLP, bias=dict(kind="huber", delta="gate", mode="mixture", window=3, gamma="gate"),
              retention=_DECAY, learner=dict(kind="gd", lr="gate"), parallel=4, gate_ranges=dict(delta=(1.5, 4.0))),
         4, 4, 1e-4),
+    "omeganet": (  # OmegaNet: polynomial features, the Omega rule, decay, gd
+        "memory = linear(feature=poly, degree=2); bias = l2(window=3, gamma=gate); retention = decay(alpha=gate); "
+        "learner = gd(lr=gate)",
+        dict(memory=dict(kind="linear", feature="poly", degree=2), bias=dict(kind="l2", window=3, gamma="gate"),
+             retention=_DECAY, learner=dict(kind="gd", lr="gate"), parallel=None), 4, 4, 2e-5),
+    "poly_delta_pre": (  # features on the fused recurrent kernel and the delta chunk family
+        "memory = linear(feature=poly, degree=2); bias = l2; retention = decay(alpha=gate, order=pre); "
+        "learner = gd(lr=gate)",
+        dict(memory=dict(kind="linear", feature="poly", degree=2), bias=dict(kind="l2"),
+             retention=dict(kind="decay", alpha="gate", order="pre"), learner=dict(kind="gd", lr="gate"),
+             parallel=None), 4, 4, 2e-5, ("recurrent", "chunked")),
+    "poly_minibatch_momentum": (  # features on the mini-batch dual-form kernels
+        "memory = linear(feature=poly, degree=2); bias = l2; retention = decay(alpha=gate); "
+        "learner = momentum(lr=gate, theta=gate); parallel = minibatch(4)",
+        dict(memory=dict(kind="linear", feature="poly", degree=2), bias=dict(kind="l2"), retention=_DECAY,
+             learner=dict(kind="momentum", lr="gate", theta="gate"), parallel=4), 4, 4, 2e-5, ("chunked",)),
 }
+RUNS = [(n, a) for n in sorted(CASES) for a in (CASES[n][5] if len(CASES[n]) > 5 else ("recurrent",))]
 
 
 @functools.cache
@@ -84,17 +102,24 @@ def random_state(mod, dk: int, dv: int, seed: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def test_omega_specs_have_the_recurrent_kernel():
-    """The Omega rule no longer refuses Triton; the chunk families still leave it to the recurrent kernel."""
+def test_atlas_specs_have_the_recurrent_kernel():
+    """The Omega rule and feature=poly (linear memory) no longer refuse Triton; the chunk families leave the Omega
+    rule to the recurrent kernel; muon still says why."""
     for name in CASES:
         mod = module(name)
         assert hasattr(mod, "_fused_recurrent_fwd") and hasattr(mod, "_fused_recurrent_bwd"), name
-        assert mod._WINDOW == 3 and mod._BWD_STATE, name
+        assert mod._WINDOW == (3 if "window" in mod.SPEC else 1) and mod._BWD_STATE, name
+        assert mod._FEATURES == ("poly" in mod.SPEC), name
+    assert not hasattr(module("l2_decay"), "_chunked_triton") and not hasattr(module("swla"), "_chunked_triton")
+    assert hasattr(module("poly_delta_pre"), "_chunked_triton")
+    muon = mirasc.compile_spec("model m { memory = linear(feature=poly, degree=2); bias = l2(window=2, gamma=gate); "
+                               "learner = muon(lr=gate, theta=gate) }")
+    assert "muon orthogonalises" in muon.__doc__ and not hasattr(muon, "_fused_recurrent_fwd")
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_matches_reference_and_torch(name):
-    body, cfg, dk, dv, tol = CASES[name]
+@pytest.mark.parametrize("name,algorithm", RUNS)
+def test_matches_reference_and_torch(name, algorithm):
+    body, cfg, dk, dv, tol = CASES[name][:5]
     mod = module(name)
     n_tok = 8 if name == "huber_mlp" else T  # (the MLP's interpreted kernels are slow: two mini-batches)
     q, k, v, gates = make_inputs(cfg, B, n_tok, H, dk, dv, f64, seed=5)
@@ -103,10 +128,10 @@ def test_matches_reference_and_torch(name):
     for x in leaves.values():
         x.requires_grad_(True)
     want_o, want_s = reference_apply(cfg, q, k, v, gates, state)
-    got_o, got_s = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
+    got_o, got_s = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm=algorithm)
     tor_o, tor_s = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
     assert sorted(got_s) == sorted(want_s) == sorted(state)
-    assert any(n.startswith("win_") for n in got_s)
+    assert any(n.startswith("win_") for n in got_s) == ("window" in mod.SPEC)
     gen = torch.Generator().manual_seed(11)
     w_o = torch.randn(want_o.shape, generator=gen, dtype=f64)
     w_s = {n: torch.randn(x.shape, generator=gen, dtype=f64) for n, x in want_s.items()}
@@ -124,17 +149,20 @@ def test_matches_reference_and_torch(name):
             assert a is None or a.abs().max() < 1e-6, n
             continue
         errs[f"d{n}"], errs_torch[f"d{n}"] = rel(a, b), rel(a, c)
-    assert {"dgamma" if "gamma" in gates else "o", "dstate:win_k", "dstate:win_v", "dk", "dv"} <= set(errs)
+    assert {"dq", "dk", "dv", "deta"} <= set(errs) and any(n.startswith("dstate:W") for n in errs)
+    if "window" in mod.SPEC:
+        assert {"dstate:win_k", "dstate:win_v", "dstate:win_gamma"} <= set(errs) and ("dgamma" in errs) == (
+            "gamma" in gates)
     bad = {n: e for n, e in errs.items() if not e < tol}
     assert not bad, f"{name} vs reference: {bad}"
     bad = {n: e for n, e in errs_torch.items() if not e < tol}
     assert not bad, f"{name} vs torch: {bad}"
 
 
-@pytest.mark.parametrize("name", ["l2_decay", "custom_pre_momentum"])
+@pytest.mark.parametrize("name", ["omeganet"])
 def test_continued_run_equals_one_run(name):
     """The final state (weights, momentum, the carried window) continues the sequence exactly."""
-    body, cfg, dk, dv, tol = CASES[name]
+    body, cfg, dk, dv, tol = CASES[name][:5]
     mod = module(name)
     q, k, v, gates = make_inputs(cfg, B, T, H, dk, dv, torch.float32, seed=7)
     o, s = mod.apply(q, k, v, gates, backend="triton", algorithm="recurrent")
