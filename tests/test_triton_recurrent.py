@@ -54,7 +54,10 @@ def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     return q, k, v, gates, state
 
 
-@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+# omega_yaad (an MLP memory, c = 4 factor evaluations per token: ~20 s interpreted) is covered by the same memory and
+# bias at expansion 2 against the float64 reference in tests/test_triton_omega.py (huber_mlp).
+@pytest.mark.parametrize("path", [p for p in SPECS if p.stem != "omega_yaad"],
+                         ids=[p.stem for p in SPECS if p.stem != "omega_yaad"])
 def test_triton_recurrent_matches_torch(path):
     mod = mirasc.compile_spec(path)
     residual = "residual=true" in mod.SPEC
