@@ -1,6 +1,8 @@
 """The Atlas pieces on Triton (docs/semantics.md, "Atlas"): the Omega rule in the fused recurrent kernels (c gradient
 factor evaluations per step at the current state, the window read from sequences with the carried tokens in front;
-the generated backward sums each window token's cotangents over the c steps that read it), and feature=poly on a
+the generated backward sums each window token's cotangents over the c steps that read it), the Omega rule on the
+chunk kernels as c kernel rows per token (SWLA's dot bias: the Hebbian family; l2 under minibatch(C): the
+mini-batch family), and feature=poly on a
 linear memory (every kernel runs the plain linear memory on φ_p(q), φ_p(k), mapped in torch: Dk = 4 -> Dφ = 21).
 
 Under TRITON_INTERPRET=1 with small shapes (c = 3, T = 20): Triton against the independent float64 reference
@@ -34,10 +36,16 @@ CASES = {
         "memory = linear; bias = l2(window=3, gamma=gate); retention = decay(alpha=gate); learner = gd(lr=gate)",
         dict(memory=dict(kind="linear"), bias=dict(kind="l2", window=3, gamma="gate"), retention=_DECAY,
              learner=dict(kind="gd", lr="gate"), parallel=None), 4, 8, 2e-5),
-    "swla": (  # SWLA: a dot bias over a sliding window
+    "swla": (  # SWLA: a dot bias over a sliding window; chunked: the Hebbian family, c kernel rows per token
         "memory = linear; bias = dot(window=3, gamma=gate); retention = decay(alpha=gate); learner = gd(lr=gate)",
         dict(memory=dict(kind="linear"), bias=dict(kind="dot", window=3, gamma="gate"), retention=_DECAY,
-             learner=dict(kind="gd", lr="gate"), parallel=None), 4, 8, 2e-5),
+             learner=dict(kind="gd", lr="gate"), parallel=None), 4, 8, 2e-5, ("recurrent", "chunked")),
+    "l2_minibatch": (  # gradients at the anchor: the mini-batch chunk family, c kernel rows per token (C = 6 does
+        # not divide T: the last mini-batch is partial; window tokens of the previous mini-batch at this anchor)
+        "memory = linear; bias = l2(window=3, gamma=gate); retention = decay(alpha=gate); "
+        "learner = gd(lr=gate); parallel = minibatch(6)",
+        dict(memory=dict(kind="linear"), bias=dict(kind="l2", window=3, gamma="gate"), retention=_DECAY,
+             learner=dict(kind="gd", lr="gate"), parallel=6), 4, 8, 2e-5, ("chunked",)),
     "custom_pre_momentum": (  # a derived loss, the decay before the gradient, momentum
         "memory = linear; bias = custom(loss=log(1 + e^2/2), window=3, gamma=gate); "
         "retention = decay(alpha=gate, order=pre); learner = momentum(lr=gate, theta=gate)",
@@ -110,8 +118,8 @@ def test_atlas_specs_have_the_recurrent_kernel():
         assert hasattr(mod, "_fused_recurrent_fwd") and hasattr(mod, "_fused_recurrent_bwd"), name
         assert mod._WINDOW == (3 if "window" in mod.SPEC else 1) and mod._BWD_STATE, name
         assert mod._FEATURES == ("poly" in mod.SPEC), name
-    assert not hasattr(module("l2_decay"), "_chunked_triton") and not hasattr(module("swla"), "_chunked_triton")
-    assert hasattr(module("poly_delta_pre"), "_chunked_triton")
+    assert not hasattr(module("l2_decay"), "_chunked_triton")  # (exact, state-dependent: the recurrent kernel only)
+    assert all(hasattr(module(n), "_chunked_triton") for n in ("swla", "l2_minibatch", "poly_delta_pre"))
     muon = mirasc.compile_spec("model m { memory = linear(feature=poly, degree=2); bias = l2(window=2, gamma=gate); "
                                "learner = muon(lr=gate, theta=gate) }")
     assert "muon orthogonalises" in muon.__doc__ and not hasattr(muon, "_fused_recurrent_fwd")
@@ -159,18 +167,18 @@ def test_matches_reference_and_torch(name, algorithm):
     assert not bad, f"{name} vs torch: {bad}"
 
 
-@pytest.mark.parametrize("name", ["omeganet"])
-def test_continued_run_equals_one_run(name):
-    """The final state (weights, momentum, the carried window) continues the sequence exactly."""
+@pytest.mark.parametrize("name,algorithm,cut", [("omeganet", "recurrent", 9), ("swla", "chunked", 9),
+                                                ("l2_minibatch", "chunked", 12)])  # (a cut at a mini-batch end)
+def test_continued_run_equals_one_run(name, algorithm, cut):
+    """The final state (weights, the carried window) continues the sequence exactly."""
     body, cfg, dk, dv, tol = CASES[name][:5]
     mod = module(name)
     q, k, v, gates = make_inputs(cfg, B, T, H, dk, dv, torch.float32, seed=7)
-    o, s = mod.apply(q, k, v, gates, backend="triton", algorithm="recurrent")
-    cut = 9
+    o, s = mod.apply(q, k, v, gates, backend="triton", algorithm=algorithm)
     o1, s1 = mod.apply(q[:, :cut], k[:, :cut], v[:, :cut], {n: g[:, :cut] for n, g in gates.items()},
-                       backend="triton", algorithm="recurrent")
+                       backend="triton", algorithm=algorithm)
     o2, s2 = mod.apply(q[:, cut:], k[:, cut:], v[:, cut:], {n: g[:, cut:] for n, g in gates.items()}, state=s1,
-                       backend="triton", algorithm="recurrent")
+                       backend="triton", algorithm=algorithm)
     assert rel(torch.cat([o1, o2], dim=1), o) < 1e-6
     for n in s:
         assert rel(s2[n], s[n]) < 1e-6, n

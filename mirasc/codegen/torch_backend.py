@@ -476,7 +476,8 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     # over key channels), a linear memory's chunked kernels take it as a per-chunk factor on η (one weight, n_c)
     lq_on_chunks = flags["chunk_lq"] and triton_minibatch.minibatch_reason(tri_spec) is not None
     family = (triton_backend.chunk_family(tri_spec, kind)
-              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) else None)
+              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) and not (chunk_readout and spec.window > 1)
+              else None)
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
     if chunk_readout and triton_section and family is None and not minibatch:
         triton_section, no_triton = "", (f"readout=chunk (CONTRACT §7) with {r.kind} retention runs on the decay "
@@ -488,7 +489,8 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
-    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout
+    # (not with an Omega window: padded rows would enter the carried window)
+    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
     if minibatch:
         triton_section += triton_minibatch.emit_minibatch(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
                                                           preprocess)
