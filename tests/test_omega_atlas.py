@@ -9,7 +9,8 @@ features of the memory's input (`memory = mlp(..., feature=poly, degree=p)`) and
    and every initial-state entry (a non-empty initial window included).
 2. c = 1 is today's spec; Newton–Schulz keeps the singular vectors and brings the singular values near 1.
 3. The bundled specs (atlas, omega_yaad): reference, Layer decoding = forward, cu_seqlens = separate runs.
-4. Illegal combinations are rejected at their location; backend="triton" and a missing chunk form say why.
+4. Illegal combinations are rejected at their location; backend="triton" (muon, poly MLP memories) and a missing
+   chunk form say why.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def test_no_chunk_form_says_why(name):
         mod.apply(q, k, v, gates, algorithm="chunked")
 
 
-@pytest.mark.parametrize("name", ["atlas_small", "omega_l2_linear", "poly_linear_pre"])
+@pytest.mark.parametrize("name", ["atlas_small", "poly_mlp_momentum", "muon_linear"])  # (what runs: test_triton_omega)
 def test_triton_rejects_with_reason(name):
     mod = module(name)
     q, k, v, gates = make_inputs(CASES[name][1], 1, 3, 1, D, D, f64)

@@ -455,7 +455,12 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
     # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
     # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.
-    tri_spec, tri_grad, tri_coefs = spec, grad, coef_order
+    tri_spec, tri_grad, tri_coefs, tri_d, tri_forward = spec, grad, coef_order, d, forward
+    features = triton_backend.feature_spec(spec) if not chunk_readout else None
+    if features is not None:  # feature=poly, linear memory: the kernels run the plain memory on φ_p(q), φ_p(k)
+        tri_spec, tri_d = features, D.derive(features)
+        tri_forward, tri_grad = ir.compile_graphs(features, tri_d)
+    flags["triton_features"] = features is not None
     if chunk_readout:
         tri_spec = spec.model_copy(update={"name": f"{spec.name}_chunk_rest", "retention": S.Decay(alpha=r.alpha),
                                            "parallel": S.Minibatch(C=par.C)})
@@ -463,14 +468,16 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
         tri_grad = _scaled_factors(grad)
         tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
-        triton_section, no_triton = triton_backend.emit(tri_spec, d, forward, tri_grad, tri_coefs), ""
+        triton_section, no_triton = triton_backend.emit(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
+                                                        features is not None), ""
     except triton_backend.Unsupported as err:
         triton_section, no_triton = "", str(err)
     # lq: the per-weight scale is in the IR graphs, which the mini-batch kernels print; where those refuse (a decay
     # over key channels), a linear memory's chunked kernels take it as a per-chunk factor on η (one weight, n_c)
     lq_on_chunks = flags["chunk_lq"] and triton_minibatch.minibatch_reason(tri_spec) is not None
     family = (triton_backend.chunk_family(tri_spec, kind)
-              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) else None)
+              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) and not (chunk_readout and spec.window > 1)
+              else None)
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
     if chunk_readout and triton_section and family is None and not minibatch:
         triton_section, no_triton = "", (f"readout=chunk (CONTRACT §7) with {r.kind} retention runs on the decay "
@@ -483,9 +490,11 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
-    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout
+    # (not with an Omega window: padded rows would enter the carried window)
+    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
     if minibatch:
-        triton_section += triton_minibatch.emit_minibatch(tri_spec, d, forward, tri_grad, tri_coefs, preprocess)
+        triton_section += triton_minibatch.emit_minibatch(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
+                                                          preprocess)
     return triton_section, no_triton, family, minibatch
 
 

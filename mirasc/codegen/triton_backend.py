@@ -50,46 +50,71 @@ from .. import spec as S
 from ..derive import Derivation
 from .triton_chunked import chunk_family, emit_chunked  # noqa: F401 (the chunked families' entry points)
 from .triton_printing import Unsupported
-from .triton_recurrent import BWD_SEGMENT, batched_factors, live_tiles, v_tile_reason, vector_coefficients, widx
+from .triton_recurrent import (
+    BWD_SEGMENT,
+    batched_factors,
+    live_tiles,
+    v_tile_reason,
+    vector_coefficients,
+    widx,
+    window_coefficients,
+)
 from .triton_recurrent_bwd import emit_backward
 from .triton_recurrent_fwd import emit_forward
 
 SECTION = (Path(__file__).parent / "templates" / "triton_recurrent.py.tmpl").read_text()
 
 
-def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
-    """Source of the Triton section of an emitted module (raises Unsupported with the reason)."""
+def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+         features: bool = False) -> str:
+    """Source of the Triton section of an emitted module (raises Unsupported with the reason). `features`: `spec`
+    is a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k) (see `feature_spec`)."""
     par = spec.parallel
     if par.kind == "minibatch" and par.readout == "chunk":
         raise Unsupported(f"readout=chunk (CONTRACT §7, {spec.retention.kind} retention) has no Triton kernel yet: the "
                           "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
                           "readout")
-    why = _atlas_reason(spec)
+    why = _atlas_reason(spec, grad)
     if why:
         raise Unsupported(why)
     try:
-        return _emit(spec, d, forward, grad, coef_order)
+        return _emit(spec, d, forward, grad, coef_order, features)
     except NotImplementedError as err:
         raise Unsupported(f"{err}") from None
 
 
-def _atlas_reason(spec: S.Spec) -> str:
-    """Why the Atlas pieces (docs/semantics.md) have no Triton kernel here, or ''."""
+def feature_spec(spec: S.Spec) -> S.Spec | None:
+    """feature=poly on a linear memory: the plain linear memory the Triton kernels run on φ_p(q), φ_p(k) (mapped
+    in torch before every launch; the kernels' key width is φ_p's), under its own name; else None."""
+    if not spec.poly_degree or spec.memory.kind != "linear":
+        return None
+    return spec.model_copy(update={"name": f"{spec.name}_features",
+                                   "memory": spec.memory.model_copy(update={"feature": "identity"})})
+
+
+def _atlas_reason(spec: S.Spec, grad: ir.Graph) -> str:
+    """Why the Atlas pieces (docs/semantics.md) have no Triton kernel here, or ''. The Omega rule runs on the
+    fused recurrent kernels (c gradient-factor evaluations per token, the window read from sequences with the
+    carried tokens in front), except with a channel-wise coefficient inside the window."""
     whys = []
-    if spec.window > 1:
-        whys.append(f"the Omega rule (window={spec.window}) needs the last {spec.window} tokens' keys, values and "
-                    "coefficients at every step, and the fused recurrent kernels and the mini-batch tiles hold one "
-                    "token's per step")
-    if spec.poly_degree:
-        whys.append(f"feature=poly maps each key to {spec.poly_degree}-fold tensor powers (width 1 + Dk + … + "
-                    f"Dk^{spec.poly_degree}), a tile shape the kernels' [rows, cols] register tiles do not take")
+    channel = [n for n in window_coefficients(spec, grad) if spec.gate_channels().get(n)]
+    if channel:
+        whys.append(f"the Omega rule's window carries the channel-wise {', '.join(channel)}, which the recurrent "
+                    "kernels' window sequences (one scalar per token and coefficient) do not take")
+    if spec.poly_degree and spec.memory.kind == "mlp":  # (a linear memory's reaches here as its plain copy)
+        whys.append(f"feature=poly on an MLP memory feeds φ_p(x) (width 1 + Dk + … + Dk^{spec.poly_degree}) to the "
+                    "first layer while the residual adds x itself, two key widths the kernels' tiles do not take")
+    elif spec.poly_degree:
+        whys.append("feature=poly runs on the kernels as a linear memory over φ_p(q), φ_p(k), but not with "
+                    "readout=chunk")
     if spec.learner.kind == "muon":
         whys.append("muon orthogonalises each momentum matrix by Newton–Schulz (whole-matrix products every token), "
                     "which the kernels' row-tiled state updates do not express")
     return "; ".join(whys)
 
 
-def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
+def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+          features: bool = False) -> str:
     """The recurrent kernels (the backward where every piece has a reverse) in the host-side template."""
     kernel = emit_forward(spec, d, forward, grad, coef_order)
     bwd_state: list[str] = []
@@ -98,6 +123,8 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         bwd_kernel, bwd_state = emit_backward(spec, d, forward, grad, coef_order, BWD_SEGMENT)
         kernel += "\n" + bwd_kernel
     except (ir.NoVJP, NotImplementedError) as err:  # the forward kernel stands; the backward recomputes
+        if spec.window > 1:  # (the recomputing backward does not take the window sequences)
+            raise Unsupported(f"the Omega rule needs the generated backward, and it has none here: {err}") from None
         why_not = str(err)
     v_reason = v_tile_reason(spec, forward, grad)
     subs = {
@@ -109,6 +136,8 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "FACTOR_DIMS": repr(tuple(spec.weight_dims())), "BWD_REASON": why_not,
         "V_TILES": repr(v_reason is None), "V_TILE_REASON": v_reason or "",
         "TILES_FWD": str(live_tiles(spec, False)), "TILES_BWD": str(live_tiles(spec, True)),
+        "TRITON_FEATURES": repr(features),
+        "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
     }
     return fill(SECTION, subs)
 

@@ -44,6 +44,9 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
     if m.kind != "linear" or r.kind not in ("none", "decay"):
         return None
+    if spec.window > 1 and not (l.kind == "gd" and (b.kind == "dot" or spec.parallel.kind == "minibatch")
+                                and not spec.channel_gates):
+        return None  # the Omega rule as c kernel rows per token needs gradients that do not move within a token
     if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
         return None  # value-side gates: the recurrent kernel only
     if b.kind == "dot" and l.kind == "gd":

@@ -64,6 +64,9 @@ def minibatch_reason(spec: S.Spec) -> str | None:
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):
         return f"the {l.kind} learner"
+    if spec.window > 1:
+        return (f"the Omega rule (window={spec.window}): the mini-batch tiles take one token's gradient per step "
+                "(the fused recurrent kernel takes the window)")
     decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
     if decays:
         return (f"a channel-wise {' and '.join(decays)} makes the chunk's decay products one [C, C] matrix per "

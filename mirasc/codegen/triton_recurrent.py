@@ -28,7 +28,9 @@ def batched_factors(spec: S.Spec) -> int:
     """The mini-batch C when the recurrent kernels compute each chunk's gradient factors as one tile
     computation (tl.dot needs C to be a power of two >= 16), else 0 (one token at a time)."""
     C = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
-    if spec.channel_gates:  # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles)
+    # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles); the Omega window takes c
+    # factor evaluations per token, one at a time
+    if spec.channel_gates or spec.window > 1:
         return 0
     return C if C >= 16 and C & (C - 1) == 0 else 0
 
@@ -182,6 +184,41 @@ def factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[s
         lines += indent(_chunk_factor_lines(grad, wdims, coef_order, at))
     g_out = {f"{n}{i + 1}": f"{n}{i}" for i in range(len(wdims)) for n in ("delta", "input")}
     return lines + _load_factors(wdims), g_out
+
+
+# ---- the Omega rule: the window's gradient factors, c per token
+
+def window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
+    """The per-token coefficients an Omega window carries besides k and v (the module's WINDOW_COEFS): γ, and
+    every coefficient the gradient graph reads per token."""
+    if spec.window == 1:
+        return ()
+    read = {grad.node(n).arg for n in grad.inputs() if grad.node(n).op == "input"} - {"x", "k", "v"}
+    return ("gamma", *sorted(read))
+
+
+def window_factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[str]) -> list[str]:
+    """The Omega rule's step t: for each window slot j = 0..c−1 (token t − c + 1 + j, row t + j of the window
+    sequences KW, VW, CW [B·H, T + c − 1, ·], whose first c − 1 rows are the carried window), load the token
+    and its window coefficients cw<j>_<name>, take its gradient factors delta<i>_<j>, input<i>_<j> at `at`
+    (with its own coefficients), and sum them weighted by γ: grad<i> = Σ_j γ_j δ_ij x_ijᵀ."""
+    wdims, c = spec.weight_dims(), spec.window
+    wcoefs = window_coefficients(spec, grad)
+    lines = []
+    for j in range(c):
+        lines += [f"kw{j} = tl.load(KW + (bh * TW + t + {j}) * Nk + rk, mask=mk, other=0.0).to(tl.float32)",
+                  f"vw{j} = tl.load(VW + (bh * TW + t + {j}) * Nv + rv, mask=mv, other=0.0).to(tl.float32)"]
+        lines += [f"cw{j}_{n} = tl.load(CW + (bh * TW + t + {j}) * NW + {m})" for m, n in enumerate(wcoefs)]
+        scal = {n: (f"cw{j}_{n}" if n in wcoefs else f"c_{n}") for n in coef_order}
+        g_lines, g_out, _ = graph_lines(grad, f"g{j}_", at, scal, {"k": (f"kw{j}", "k"), "v": (f"vw{j}", "v")},
+                                        wdims)
+        lines += g_lines
+        for i in range(len(wdims)):
+            lines += [f"delta{i}_{j} = {g_out[f'delta{i + 1}']}", f"input{i}_{j} = {g_out[f'input{i + 1}']}"]
+    for i in range(len(wdims)):
+        lines.append(f"grad{i} = " + " + ".join(f"cw{j}_gamma * delta{i}_{j}[:, None] * input{i}_{j}[None, :]"
+                                                for j in range(c)))
+    return lines
 
 
 def _chunk_factor_lines(grad: ir.Graph, wdims, coef_order: list[str], at: list[str]) -> list[str]:

@@ -36,6 +36,8 @@ from .triton_recurrent import (
     tile_matmul_ieee,
     vector_coefficients,
     widx,
+    window_coefficients,
+    window_factor_lines,
 )
 
 
@@ -69,6 +71,9 @@ class _Backward:
             seeds[f"delta{i + 1}"] = f"ct_delta{i + 1}"
             seeds[f"input{i + 1}"] = f"ct_input{i + 1}"
         self.grad = grad
+        self.window, self.wcoefs = spec.window, window_coefficients(spec, grad)
+        if any(n in self.vectors for n in self.wcoefs):
+            raise NotImplementedError("a channel-wise coefficient inside the Omega window has no reverse here")
         self.gvjp = ir.vjp(grad, seeds, "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(self.vectors))
         self.fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
         names = ["w"] + (["y"] if self.readout else []) + (["s"] if self.mom else []) + (["anchor"] if self.mb else [])
@@ -78,6 +83,8 @@ class _Backward:
 
     def signature(self) -> str:
         ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in self.vectors], "DO"]
+        if self.window > 1:  # the Omega window's sequences [B·H, T + c − 1, ·] (forward's KW, VW, CW)
+            ptrs += ["KW", "VW", "CW", "NW"]
         for i in range(self.n_w):  # in the order of the state keys: W, A_W, S_W per weight
             ptrs += [f"W{i}_in", f"DW{i}_fin", f"DW{i}_in"]
             if self.store_acc:
@@ -85,16 +92,50 @@ class _Backward:
             if self.mom:
                 ptrs += [f"S{i}_in", f"DS{i}_fin", f"DS{i}_in"]
         ptrs += [f"BUF_{n}" for n in self.state] + ["DQ", "DK", "DV", "DC", *[f"DG_{n}" for n in self.vectors]]
+        if self.window > 1:  # their cotangents (keys and coefficients: per-V-tile partial sums, like DK and DC)
+            ptrs += ["DKW", "DVW", "DCW"]
         ptrs += [f"{b}{i}" for i in range(self.n_w) for b in ("FDL", "FX", "CTD", "CTX")]  # factor scratch
         return (", ".join(ptrs) + ", T, Nk, Nv, Ne, NCK, NSLOT, NC: tl.constexpr, BK: tl.constexpr, "
                 "BV: tl.constexpr, BE: tl.constexpr, BC: tl.constexpr")
 
     def body(self) -> list[str]:
         body = program_ids()
+        if self.window > 1:
+            body.append(f"TW = T + {self.window - 1}")
         for i in range(self.n_w):
             body += load_state(self.spec, self.d, i, bool(self.mb))
-        return body + self.checkpoint_pass() + self.final_cotangents() + self.reverse_pass() + \
-            self.initial_state_cotangents()
+        return body + self.checkpoint_pass() + self.final_cotangents() + self.window_slots() + \
+            self.reverse_pass() + self.window_flush() + self.initial_state_cotangents()
+
+    # ---- the Omega window's cotangents: a shift register of c slots
+
+    def window_slots(self) -> list[str]:
+        """At reverse step t, slot j (pk<j>, pv<j>, pc<j>_<name>) sums the cotangents of window row t + j (token
+        t − c + 1 + j) from the steps walked so far (t .. its last window, t + j); zero before the walk."""
+        if self.window == 1:
+            return []
+        lines = []
+        for j in range(self.window):
+            lines += [f"pk{j} = tl.zeros([BK], tl.float32)", f"pv{j} = tl.zeros([BV], tl.float32)"]
+            lines += [f"pc{j}_{n} = tl.sum(tl.zeros([BK], tl.float32), axis=0)" for n in self.wcoefs]
+        return lines
+
+    def window_store(self, j: int, row_: str) -> list[str]:
+        lines = [f"tl.store(DKW + (pid * TW + {row_}) * Nk + rk, pk{j}, mask=mk)",
+                 f"tl.store(DVW + (bh * TW + {row_}) * Nv + rv, pv{j}, mask=mv)"]
+        return lines + [f"tl.store(DCW + (pid * TW + {row_}) * NW + {m}, pc{j}_{n})" for m, n in enumerate(self.wcoefs)]
+
+    def window_shift(self) -> list[str]:
+        """After step t: row t + c − 1 (token t) has had its last term (step t); store it and shift the slots."""
+        c = self.window
+        lines = self.window_store(c - 1, f"t + {c - 1}")
+        for j in range(c - 1, 0, -1):
+            lines += [f"pk{j} = pk{j - 1}", f"pv{j} = pv{j - 1}"] + [f"pc{j}_{n} = pc{j - 1}_{n}" for n in self.wcoefs]
+        return lines + self.window_slots()[:2 + len(self.wcoefs)]
+
+    def window_flush(self) -> list[str]:
+        """After the walk: slots 1 .. c − 1 are rows 0 .. c − 2, the carried window's tokens."""
+        return [x for j in range(1, self.window) for x in self.window_store(j, str(j - 1))]
 
     def scratch(self, var: str, slot: str) -> str:
         """Buffer BUF_<var>: per program NSLOT tiles (NCK checkpoints, then a segment)."""
@@ -178,11 +219,15 @@ class _Backward:
             lines.append(f"w_prev{i} = w{i}")
             lines.append(f"w_dec{i} = c_alpha * w{i}" if r.kind == "decay" and r.order == "pre" else f"w_dec{i} = w{i}")
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(self.n_w)]
-        g_lines, g_out = factor_lines(self.spec, self.grad, self.coef_order, at, compute_factors)
-        lines += g_lines
+        if self.window > 1:  # the Omega rule: grad<i> = Σ_j γ_j δ_ij x_ijᵀ, the factors kept for the reverse
+            lines += window_factor_lines(self.spec, self.grad, self.coef_order, at)
+        else:
+            g_lines, g_out = factor_lines(self.spec, self.grad, self.coef_order, at, compute_factors)
+            lines += g_lines
         for i in range(self.n_w):
-            lines += [f"delta{i} = {g_out[f'delta{i + 1}']}", f"input{i} = {g_out[f'input{i + 1}']}",
-                      f"grad{i} = delta{i}[:, None] * input{i}[None, :]"]
+            if self.window == 1:
+                lines += [f"delta{i} = {g_out[f'delta{i + 1}']}", f"input{i} = {g_out[f'input{i + 1}']}",
+                          f"grad{i} = delta{i}[:, None] * input{i}[None, :]"]
             if self.mom:
                 lines += [f"s_prev{i} = s{i}", f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
             else:
@@ -224,8 +269,9 @@ class _Backward:
             if read:
                 lines.append(f"dw{i} = dw{i} + {read}")  # y_t = M_{W_t}(q_t)
             lines += self.reverse_retention(i) + self.reverse_learner(i)
-            lines += [f"ct_delta{i + 1} = tl.sum(dgrad{i} * input{i}[None, :], axis=1)",
-                      f"ct_input{i + 1} = tl.sum(dgrad{i} * delta{i}[:, None], axis=0)"]
+            if self.window == 1:
+                lines += [f"ct_delta{i + 1} = tl.sum(dgrad{i} * input{i}[None, :], axis=1)",
+                          f"ct_input{i + 1} = tl.sum(dgrad{i} * delta{i}[:, None], axis=0)"]
         if self.bc:
             return lines + self.reverse_batched_factors()
         return lines + self.reverse_factors()
@@ -279,23 +325,27 @@ class _Backward:
         dv, the bias's gates and the anchor's (or decayed weights') cotangent; then the token's stores."""
         r, mb = self.r, self.mb
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(self.n_w)]
-        cts = {"k": ("k", "k"), "v": ("v", "v")}
-        for i, (rw, cl) in enumerate(self.wdims):
-            cts[f"ct_delta{i + 1}"] = (f"ct_delta{i + 1}", rw)
-            cts[f"ct_input{i + 1}"] = (f"ct_input{i + 1}", cl)
-        v_lines, v_out, _ = graph_lines(self.gvjp, "b_", at, self.scal, cts, self.wdims)
-        lines = list(v_lines)
-        lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros_like(k)")
-        lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros_like(v)")
+        if self.window > 1:
+            lines = self.reverse_window_factors(at) + ["dk = tl.zeros_like(k)", "dv = tl.zeros_like(v)"]
+        else:
+            cts = {"k": ("k", "k"), "v": ("v", "v")}
+            for i, (rw, cl) in enumerate(self.wdims):
+                cts[f"ct_delta{i + 1}"] = (f"ct_delta{i + 1}", rw)
+                cts[f"ct_input{i + 1}"] = (f"ct_input{i + 1}", cl)
+            v_lines, v_out, _ = graph_lines(self.gvjp, "b_", at, self.scal, cts, self.wdims)
+            lines = list(v_lines)
+            lines.append(f"dk = {v_out['d_k']}" if "d_k" in v_out else "dk = tl.zeros_like(k)")
+            lines.append(f"dv = {v_out['d_v']}" if "d_v" in v_out else "dv = tl.zeros_like(v)")
+            for n in self.coef_order:
+                if f"d_{n}" in v_out:
+                    lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)
+            for i in range(self.n_w):
+                at_grad = outer_sum(v_out, i)
+                if at_grad:
+                    lines.append(f"da{i} = da{i} + {at_grad}" if mb else f"dw_dec{i} = dw_dec{i} + {at_grad}")
         if self.write:  # the write v kᵀ (linear memory: weight 0): dv += dU k, dk += dUᵀ v (a partial sum over V tiles)
             lines += ["dk = dk + tl.sum(dupd0 * v[:, None], axis=0)", "dv = dv + tl.sum(dupd0 * k[None, :], axis=1)"]
-        for n in self.coef_order:
-            if f"d_{n}" in v_out:
-                lines.append(f"dc_{n} = dc_{n} + {v_out['d_' + n]}")  # already a per-token scalar (rowsum)
         for i in range(self.n_w):
-            at_grad = outer_sum(v_out, i)
-            if at_grad:
-                lines.append(f"da{i} = da{i} + {at_grad}" if mb else f"dw_dec{i} = dw_dec{i} + {at_grad}")
             if r.kind == "decay" and r.order == "pre":
                 lines += [self.dcoef("alpha", f"dw_dec{i} * w_prev{i}"), f"dw{i} = c_alpha * dw_dec{i}"]
             else:  # post decay: already scaled; readouts: the read of R(y_{t-1}) reaches y at token t-1
@@ -303,7 +353,38 @@ class _Backward:
             if mb:
                 lines += [f"dw{i} = tl.where(new_chunk, dw{i} + da{i}, dw{i})",
                           f"da{i} = tl.where(new_chunk, tl.zeros_like(da{i}), da{i})"]
-        return lines + self.store_token_grads()
+        return lines + self.store_token_grads() + (self.window_shift() if self.window > 1 else [])
+
+    def reverse_window_factors(self, at: list[str]) -> list[str]:
+        """The reverse of grad<i> = Σ_j γ_j δ_ij x_ijᵀ: per window slot j, γ_j's cotangent Σ_i δ_ijᵀ dgrad<i> x_ij,
+        the factors' cotangents (times γ_j) through the reverse-mode graph of `memory_grad` at the token's own
+        key, value and coefficients, into slot j; the anchor's (or decayed weights') cotangent as one token's."""
+        lines = []
+        for j in range(self.window):
+            cts = {"k": (f"kw{j}", "k"), "v": (f"vw{j}", "v")}
+            for i, (rw, cl) in enumerate(self.wdims):
+                lines += [f"u{i}_{j} = tl.sum(dgrad{i} * input{i}_{j}[None, :], axis=1)",
+                          f"pc{j}_gamma = pc{j}_gamma + tl.sum(u{i}_{j} * delta{i}_{j}, axis=0)",
+                          f"ct_delta{i + 1}_{j} = cw{j}_gamma * u{i}_{j}",
+                          f"ct_input{i + 1}_{j} = cw{j}_gamma * tl.sum(dgrad{i} * delta{i}_{j}[:, None], axis=0)"]
+                cts[f"ct_delta{i + 1}"] = (f"ct_delta{i + 1}_{j}", rw)
+                cts[f"ct_input{i + 1}"] = (f"ct_input{i + 1}_{j}", cl)
+            scal = {n: (f"cw{j}_{n}" if n in self.wcoefs else f"c_{n}") for n in self.coef_order}
+            v_lines, v_out, _ = graph_lines(self.gvjp, f"b{j}_", at, scal, cts, self.wdims)
+            lines += v_lines
+            if "d_k" in v_out:
+                lines.append(f"pk{j} = pk{j} + {v_out['d_k']}")
+            if "d_v" in v_out:
+                lines.append(f"pv{j} = pv{j} + {v_out['d_v']}")
+            for n in self.coef_order:
+                if f"d_{n}" in v_out:  # the token's own coefficients into its slot, step t's into dc
+                    lines.append(f"pc{j}_{n} = pc{j}_{n} + {v_out['d_' + n]}" if n in self.wcoefs else
+                                 f"dc_{n} = dc_{n} + {v_out['d_' + n]}")
+            for i in range(self.n_w):
+                at_grad = outer_sum(v_out, i)
+                if at_grad:
+                    lines.append(f"da{i} = da{i} + {at_grad}" if self.mb else f"dw_dec{i} = dw_dec{i} + {at_grad}")
+        return lines
 
     def store_token_grads(self) -> list[str]:
         lines = [f"tl.store({part_row('DQ', 'k')}, dq, mask=mk)", f"tl.store({part_row('DK', 'k')}, dk, mask=mk)",

@@ -23,6 +23,7 @@ from .triton_recurrent import (
     readout,
     state_tile,
     vector_coefficients,
+    window_factor_lines,
 )
 
 
@@ -34,6 +35,8 @@ def emit_forward(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph,
     # the forward needs none, unless an order=pre decay changes the state before the factors are taken
     keep_anchor = bool(mb) and not forward_reads_state_as_anchor(spec)
     body = program_ids()
+    if spec.window > 1:  # the window sequences: the carried c − 1 tokens, then the T given ones
+        body.append(f"TW = T + {spec.window - 1}")
     for i in range(n_w):
         body += load_state(spec, d, i, keep_anchor)
     body.append("for t in range(T):")
@@ -46,6 +49,8 @@ def _signature(spec: S.Spec, coef_order: list[str]) -> str:
     """Inputs, the output, each state tensor in and out (in the order of the state keys), the factor scratch."""
     vectors = vector_coefficients(spec)
     ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vectors], "O"]
+    if spec.window > 1:  # the Omega window's keys, values and coefficients [B·H, T + c − 1, ·]
+        ptrs += ["KW", "VW", "CW", "NW"]
     for i in range(len(spec.weight_dims())):
         ptrs += [f"W{i}_in", f"W{i}_out"]
         if spec.retention.kind in ("lq", "elastic"):
@@ -73,10 +78,15 @@ def _token_step(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, 
         for i in range(n_w):
             loop.append(f"w{i} = c_alpha * w{i}")
     at = [f"anchor{i}" if keep_anchor else f"w{i}" for i in range(n_w)]
-    g_lines, g_out = factor_lines(spec, grad, coef_order, at)
-    loop += g_lines
-    for i in range(n_w):
-        loop += _update(spec, d, i, g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"])
+    if spec.window > 1:  # the Omega rule: grad<i> = Σ_j γ_j δ_ij x_ijᵀ over the window
+        loop += window_factor_lines(spec, grad, coef_order, at)
+        for i in range(n_w):
+            loop += _update(spec, d, i, None, None)
+    else:
+        g_lines, g_out = factor_lines(spec, grad, coef_order, at)
+        loop += g_lines
+        for i in range(n_w):
+            loop += _update(spec, d, i, g_out[f"delta{i + 1}"], g_out[f"input{i + 1}"])
     f_lines, f_out, _ = graph_lines(forward, "f_", [f"w{i}" for i in range(n_w)], {n: f"c_{n}" for n in coef_order},
                                     {"x": ("q", "k")}, spec.weight_dims())
     loop += f_lines
@@ -84,10 +94,11 @@ def _token_step(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, 
     return loop
 
 
-def _update(spec: S.Spec, d: Derivation, i: int, delta: str, inp: str) -> list[str]:
-    """Weight i's step: the gradient δ xᵀ, the learner's update, the retention (and readout)."""
+def _update(spec: S.Spec, d: Derivation, i: int, delta: str | None, inp: str | None) -> list[str]:
+    """Weight i's step: the gradient δ xᵀ (None: grad<i> is already there), the learner's update, the retention
+    (and readout)."""
     r = spec.retention
-    lines = [f"grad{i} = {delta}[:, None] * {inp}[None, :]"]
+    lines = [] if delta is None else [f"grad{i} = {delta}[:, None] * {inp}[None, :]"]
     if spec.learner.kind == "momentum":
         lines += [f"s{i} = c_theta * s{i} - c_eta * grad{i}", f"upd{i} = s{i}"]
     else:
