@@ -2,13 +2,15 @@
 
     python benchmarks/gpu_mqar.py --emit benchmarks/emitted_mqar --spec atlas        # here (needs the compiler)
     python benchmarks/gpu_mqar.py --spec atlas --lr 1e-2 3e-3 --seeds 0 1 \\
-        --time-budget-s 480 --out $OUT/gpu_mqar.md                                   # GPU machine (carry the folder)
+        --time-budget-s 540 --out $OUT/gpu_mqar.md                                   # GPU machine (carry the folder)
 
 The GPU image has torch and triton but not lark/sympy/pydantic, and nothing from this package is installed there.
 So `--emit DIR` compiles the specs here into standalone files (as benchmarks/gpu_suite.py does; DIR is ignored by
 git: carry it), and the run imports only torch, the emitted files (which import triton), and mirasc/tasks.py,
 mirasc/models.py and mirasc/trainloop.py loaded by file path — never the `mirasc` package (tests/test_gpu_mqar.py
-runs it with `import mirasc` blocked).
+runs it with mirasc, lark, sympy, pydantic and networkx blocked). torch.optim imports torch._dynamo, which imports
+sympy: where sympy is missing, an eager stand-in for torch._dynamo is installed (see
+eager_optimizers_without_sympy; nothing is compiled, so the numbers do not change).
 
 Same run as `mirasc explore --task mqar --spec FILE --seq-len 64 --task-opt num_kv_pairs=8 --eval-lengths 64 128
 256 --eval-examples 64 --steps 1000 --lr LR --seeds S`: d_model 64, 2 blocks, 2 heads, batch 32, AdamW (weight
@@ -17,26 +19,35 @@ loop and the evaluation are mirasc/trainloop.py, which explore calls too). On th
 the losses and accuracies equal explore's bit for bit (the test checks it). On CUDA the model runs in float32 as
 on the CPU, but the kernels differ (cuBLAS, the emitted Triton paths where `backend="auto"` picks them), so a GPU
 row is the same experiment up to float rounding, not the same bits; `--tf32` allows TF32 matmuls (faster, ~1e-3
-relative rounding: say so next to a row made with it). Rows are appended to --out after every run, so a run
-cut off by the device's time limit keeps the rows already finished.
+relative rounding: say so next to a row made with it). After every run the table so far is written to
+OUT.partial (OUT: the --out file), so a call cut off by the device's time limit keeps the finished rows; at the
+end the table is appended to OUT and the .partial file removed.
 
-GPU plan for Atlas (specs/atlas.miras at the RESULTS setting; benchmarks/RESULTS.md "sixth session"):
-  * runs: lr 1e-2 and 3e-3, seeds 0 and 1 (four runs), in that order of priority, within 15 device-minutes
-    all tries together: first `--steps 20 --eval-examples 32 --seeds 0` as a probe (s/step is printed every
-    step, the first steps include the Triton/cuBLAS warm-up), then the 1000-step runs under --time-budget-s.
-  * cost: Muon orthogonalises every token's momentum, 128 x 1057 per head (W1 reads the degree-2 polynomial
-    features of a 32-wide head). Counting only the Newton–Schulz products, a training step is ≈ 9 TFLOP
-    (5 iterations x ≈ 74 MFLOP x 4096 tokens x 2 layers x 3 for forward and backward).
-  * expected time per step: these are 4096 small batched matmuls (128 x 1057 x 128 and 128 x 128 x 1057) per
-    Newton–Schulz product, not one large GEMM. In float32 (no tensor cores, ~67 TFLOP/s peak on an H200) at
-    30–60 % of peak, 9 TFLOP is 0.25–0.45 s; the elementwise traffic around them (each iterate is 2.2 GB per
-    layer in float32, read and written several times, at ~4.8 TB/s) adds ~0.1–0.3 s; so ~0.4–1 s per step,
-    i.e. ~7–17 minutes for 1000 steps: ONE run at most fits the 15-minute lease in float32. With --tf32 (tensor
-    cores, ~490 TFLOP/s dense peak, small batched shapes reach perhaps 20–40 %) the matmuls drop to ~0.05–0.1 s
-    and the step becomes memory-bound, ~0.15–0.4 s: 3–7 minutes per run, two runs per lease. Memory: autograd
-    keeps every Newton–Schulz iterate, estimated 40–100 GB at batch 32 (the 10 GB CPU limit was hit within 5
-    steps), which should fit the 139 GiB; if it does not, the probe says so in seconds. These are estimates from
-    the FLOP count, not measurements: the probe's s/step decides how many runs to start.
+GPU plan for Atlas (specs/atlas.miras at the RESULTS setting; benchmarks/RESULTS.md "sixth session" and "GPU"):
+  1. here: `python benchmarks/gpu_mqar.py --emit benchmarks/emitted_mqar --spec atlas` (40 KB; ignored by git).
+  2. probe, run(carry=["benchmarks/emitted_mqar"], timeout_s=150):
+     `python benchmarks/gpu_mqar.py --spec atlas --steps 20 --eval-examples 32 --out $OUT/probe.md`
+     (s/step is printed for steps 1-5 and every 25th; the table gives s/step over the run and peak GiB).
+  3. the rows, same carry, timeout_s=600: `python benchmarks/gpu_mqar.py --spec atlas --lr 1e-2 3e-3 --seeds 0 1
+     --time-budget-s 540 --out $OUT/gpu_mqar.md`: lr 1e-2 seeds 0 and 1, then lr 3e-3 seeds 0 and 1; a run is
+     not started when the time spent plus the last run's time passes the budget, and the table so far is in
+     $OUT/gpu_mqar.md.partial after every run (a timeout keeps it). Add `--tf32` if the probe shows more than
+     ~0.5 s/step (and say "TF32" next to the rows). Copy the table into RESULTS.md.
+  Cost. Muon orthogonalises every token's momentum: W1 of each head is 128 x 1057 (degree-2 polynomial features
+  of a 32-wide head, expansion 4), and the emitted `_chunked` runs the 5 Newton–Schulz iterations on all
+  B·H·T = 4096 of them at once, per layer. Counting only those products a training step is ≈ 9 TFLOP
+  (5 x ≈ 74 MFLOP x 4096 x 2 layers x 3 for forward and backward). Measured on this CPU (2026-12-04, 1 thread)
+  at the RESULTS model with batch 1 instead of 32 (`--batch-size 1 --steps 2`): 12.6 s per step (≈ 22 GFLOP/s
+  on 9/32 TFLOP: the Newton–Schulz count is the cost) and 2.56 GB peak resident memory, i.e. ≈ 2.1 GB of
+  activations per sequence kept for the backward, ≈ 70 GB at batch 32: it should fit the H200's 139 GiB.
+  Expected time per step, an estimate from the FLOP count, not a measurement: batched GEMMs (4096 x [128 x 1057]
+  @ [1057 x 128], and [128 x 128] @ [128 x 1057]), not one large GEMM, in float32 by default (no tensor cores,
+  ~67 TFLOP/s FP32 peak). At 40–70 % of that the matmuls take 0.2–0.35 s; the elementwise work around them (each
+  iterate is 2.2 GB per layer, read and written several times per iteration: ~0.3–0.5 TB per step with the
+  backward, at 3–4 TB/s achieved) adds ~0.1–0.15 s; launches are few (the tokens are batched). So ~0.3–0.5 s per
+  step, 1000 steps in ~5–9 minutes, and up to ~1 s per step (17 minutes) if the batched GEMMs run far below peak:
+  one or two of the four runs per 15-minute lease in float32. With --tf32 the matmuls drop to ~0.03–0.1 s and the
+  step is memory-bound, ~0.15–0.3 s: 3–5 minutes per run.
 """
 
 from __future__ import annotations
@@ -98,6 +109,8 @@ def run_one(module, label: str, lr: float, seed: int, opts: dict, device: str, s
     tasks, models, loop = helpers(src)
     cfg = tasks.make_config("mqar", seq_len=opts["seq_len"], num_kv_pairs=opts["num_kv_pairs"])
     lengths = sorted(set(opts["eval_lengths"]))
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(torch.device(device))
     torch.manual_seed(seed)
     model = loop.make_model(module, models, tasks.VOCAB, opts["d_model"], opts["layers"], opts["heads"],
                             opts.get("layer", {})).to(device)
@@ -126,6 +139,8 @@ def run_one(module, label: str, lr: float, seed: int, opts: dict, device: str, s
             "accuracy": {str(L): a for L, a in acc.items()}, "exact_match": {str(L): e for L, e in exact.items()},
             "scored": {str(L): k for L, k in scored.items()}, "params": model.num_params(),
             "train_seconds": round(train_s, 3), "seconds": round(time.time() - t0, 3),
+            "peak_gib": (torch.cuda.max_memory_allocated(torch.device(device)) / 2**30
+                         if device.startswith("cuda") else None),
             "s_per_step": train_s / max(1, len(curve) and curve[-1][0])}
 
 
@@ -142,12 +157,13 @@ def table(records: list[dict], opts: dict, device: str, tf32: bool) -> str:
             f"{opts['steps']} steps, batch {opts['batch_size']}, d_model {opts['d_model']}, {opts['layers']} blocks, "
             f"{opts['heads']} heads, {opts['eval_examples']} eval examples\n")
     lines = [head, "| design | lr | seed | " + " | ".join(f"acc@{L}" for L in lengths)
-             + " | final loss | s/step | s/run | device | date | status |",
-             "|---|---|---|" + "---|" * len(lengths) + "---|---|---|---|---|---|"]
+             + " | final loss | s/step | s/run | peak GiB | device | date | status |",
+             "|---|---|---|" + "---|" * len(lengths) + "---|---|---|---|---|---|---|"]
     for r in records:
+        peak = "—" if r.get("peak_gib") is None else f"{r['peak_gib']:.1f}"
         lines.append(f"| {r['label']} | {r['lr']:g} | {r['seed']} | "
                      + " | ".join(f"{r['accuracy'][str(L)]:.3f}" for L in lengths)
-                     + f" | {r['final_loss']:.4f} | {r['s_per_step']:.3f} | {r['seconds']:.0f} | "
+                     + f" | {r['final_loss']:.4f} | {r['s_per_step']:.3f} | {r['seconds']:.0f} | {peak} | "
                      f"{device_name(device)} | {time.strftime('%Y-%m-%d')} | {r['status']} |")
     return "\n".join(lines) + "\n"
 
@@ -190,6 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=SETTING["seq_len"])
     ap.add_argument("--num-kv-pairs", type=int, default=SETTING["num_kv_pairs"])
     ap.add_argument("--log-every", type=int, default=SETTING["log_every"])
+    other = "(not the RESULTS setting if changed)"
+    ap.add_argument("--batch-size", type=int, default=SETTING["batch_size"], help=other)
+    ap.add_argument("--d-model", type=int, default=SETTING["d_model"], help=other)
+    ap.add_argument("--layers", type=int, default=SETTING["layers"], help=other)
+    ap.add_argument("--heads", type=int, default=SETTING["heads"], help=other)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's)")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on CUDA (not float32 rounding)")
@@ -213,6 +234,7 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = args.tf32
     opts = dict(SETTING, steps=args.steps, eval_examples=args.eval_examples, eval_lengths=args.eval_lengths,
                 seq_len=args.seq_len, num_kv_pairs=args.num_kv_pairs, log_every=args.log_every,
+                batch_size=args.batch_size, d_model=args.d_model, layers=args.layers, heads=args.heads,
                 verbose=not args.quiet)
     modules = {}
     for spec in args.spec:
