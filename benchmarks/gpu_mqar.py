@@ -168,6 +168,21 @@ def table(records: list[dict], opts: dict, device: str, tf32: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def layer_options(items) -> dict:
+    """KEY=VALUE pairs as `mirasc explore --layer` reads them (JSON values, else the text)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"gpu_mqar: --layer expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            value = json.loads(v.strip())
+        except ValueError:
+            value = v.strip()
+        out[k.strip().replace("-", "_")] = value
+    return out
+
+
 def eager_optimizers_without_sympy() -> bool:
     """torch.optim imports torch._dynamo on every step (graph breaks, `disable`), and torch._dynamo imports sympy.
     Where sympy is missing (the GPU image is said to lack it), stand in a torch._dynamo with the two eager no-ops
@@ -206,6 +221,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=SETTING["seq_len"])
     ap.add_argument("--num-kv-pairs", type=int, default=SETTING["num_kv_pairs"])
     ap.add_argument("--log-every", type=int, default=SETTING["log_every"])
+    ap.add_argument("--layer", nargs="+", metavar="KEY=VALUE", default=[],
+                    help="Layer options as explore's --layer (values read as JSON, else text)")
     other = "(not the RESULTS setting if changed)"
     ap.add_argument("--batch-size", type=int, default=SETTING["batch_size"], help=other)
     ap.add_argument("--d-model", type=int, default=SETTING["d_model"], help=other)
@@ -235,7 +252,7 @@ def main(argv=None) -> int:
     opts = dict(SETTING, steps=args.steps, eval_examples=args.eval_examples, eval_lengths=args.eval_lengths,
                 seq_len=args.seq_len, num_kv_pairs=args.num_kv_pairs, log_every=args.log_every,
                 batch_size=args.batch_size, d_model=args.d_model, layers=args.layers, heads=args.heads,
-                verbose=not args.quiet)
+                verbose=not args.quiet, layer=layer_options(args.layer))
     modules = {}
     for spec in args.spec:
         name = Path(spec).stem

@@ -19,6 +19,7 @@ SPEC = ROOT / "specs" / "deltanet.miras"
 BLOCKED = ("mirasc", "lark", "sympy", "pydantic", "networkx")
 # A tiny budget: explore's flags and the runner's, the same run.
 STEPS, LR, SEED, SEQ, PAIRS, LENGTHS, EVAL_N = 30, 3e-2, 1, 16, 2, (16, 32), 16
+LAYER = ("conv=2", "gate_head_term=true", "not_an_option=3")    # options a layer lacks are skipped by both
 
 BLOCKED_RUNNER = textwrap.dedent('''
     import importlib.abc, json, runpy, sys
@@ -68,7 +69,7 @@ def runs(tmp_path_factory):
         [sys.executable, "-I", "-c", BLOCKED_RUNNER, str(SCRIPT), str(report), "--emitted", str(emitted),
          "--spec", "deltanet", "--steps", str(STEPS), "--lr", str(LR), "--seeds", str(SEED), "--seq-len", str(SEQ),
          "--num-kv-pairs", str(PAIRS), "--eval-lengths", *map(str, LENGTHS), "--eval-examples", str(EVAL_N),
-         "--log-every", "1", "--threads", "1", "--device", "cpu", "--quiet", "--json", str(records),
+         "--log-every", "1", "--threads", "1", "--device", "cpu", "--quiet", "--layer", *LAYER, "--json", str(records),
          "--out", str(table)],
         capture_output=True, text=True, timeout=300, cwd=str(tmp))
     assert runner.returncode == 0, runner.stdout[-2000:] + runner.stderr[-3000:]
@@ -77,7 +78,7 @@ def runs(tmp_path_factory):
     rc = explore.main(["--task", "mqar", "--spec", str(SPEC), "--seq-len", str(SEQ), "--task-opt",
                        f"num_kv_pairs={PAIRS}", "--eval-lengths", *map(str, LENGTHS), "--eval-examples", str(EVAL_N),
                        "--steps", str(STEPS), "--lr", str(LR), "--seeds", str(SEED), "--log-every", "1",
-                       "--threads", "1", "--no-plots", "--quiet", "--out", str(out)])
+                       "--threads", "1", "--no-plots", "--quiet", "--layer", *LAYER, "--out", str(out)])
     assert rc == 0
     cells = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
     assert len(cells) == 1
