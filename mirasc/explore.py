@@ -41,7 +41,6 @@ DEFAULTS = {
     "force": False, "quiet": False,
 }
 EXPLORE_VERSION = 1          # bump when training or evaluation changes meaning: invalidates stored cells
-TRAIN_SEED, EVAL_SEED = 1_000_003, 987_654_321
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -282,12 +281,10 @@ def _state_floats(module, spec, heads: int, head_dim: int, layers: int):
 
 def _model(cand: Candidate, opts: dict):
     """The cell's language model (initialised from torch's global RNG)."""
-    from . import tasks
-    from .models import LMConfig, build
+    from . import models, tasks
+    from .trainloop import make_model
 
-    layer_opts = {k: v for k, v in opts["layer"].items() if k in getattr(cand.module, "LAYER_DEFAULTS", {})}
-    return build(cand.module, LMConfig(vocab_size=tasks.VOCAB, d_model=opts["d_model"], n_layers=opts["layers"],
-                                       n_heads=opts["heads"], layer_options=layer_opts))
+    return make_model(cand.module, models, tasks.VOCAB, opts["d_model"], opts["layers"], opts["heads"], opts["layer"])
 
 
 def time_step(cand: Candidate, opts: dict) -> float:
@@ -296,6 +293,7 @@ def time_step(cand: Candidate, opts: dict) -> float:
     import torch
 
     from . import tasks
+    from .trainloop import TRAIN_SEED
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -361,43 +359,17 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> di
 
     import mirasc
 
-    from . import tasks
+    from . import tasks, trainloop
 
     task, cfg = opts["task"], opts["task_config"]
     steps, B = opts["steps"], opts["batch_size"]
     torch.manual_seed(seed)
     model = _model(cand, opts)
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": opts["weight_decay"]},
-                             {"params": other, "weight_decay": 0.0}], lr=opts["lr"], betas=(0.9, 0.95))
-    warmup = max(1, steps // 10)
-
-    def lr_at(step):  # linear warm-up, cosine to 10%
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    curve, window, status = [], [], "ok"
     t0 = time.time()
-    model.train()
-    for step in range(steps):
-        x, y, _ = tasks.generate(task, cfg, B, seed=TRAIN_SEED * (seed + 1) + step)
-        _, loss = model(x, y)
-        if not torch.isfinite(loss):
-            status = f"diverged at step {step}"
-            break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        window.append(loss.item())
-        if (step + 1) % opts["log_every"] == 0 or step + 1 == steps:
-            curve.append([step + 1, statistics.fmean(window)])
-            window = []
-        progress.update(cand.label, seed, step + 1, steps, loss.item())
+    curve, status = trainloop.train(
+        model, tasks, task, cfg, steps=steps, batch_size=B, lr=opts["lr"], weight_decay=opts["weight_decay"],
+        seed=seed, log_every=opts["log_every"],
+        on_step=lambda step, loss: progress.update(cand.label, seed, step, steps, loss))
     train_s = time.time() - t0
     scored: dict[int, int] = {}
     accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B, scored)
@@ -417,29 +389,10 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress) -> di
 
 def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int, scored: dict | None = None):
     """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set.
-    `scored`, if given, receives the number of scored tokens at each length."""
-    import torch
+    `scored`, if given, receives the number of scored tokens at each length (mirasc.trainloop.evaluate)."""
+    from . import tasks, trainloop
 
-    from . import tasks
-
-    model.eval()
-    accuracy, exact = {}, {}
-    with torch.no_grad():
-        for L in lengths:
-            c = tasks.at_length(task, cfg, L)
-            x, y, m = tasks.generate(task, c, n, seed=EVAL_SEED + L)
-            right = total = examples_ok = 0
-            for i in range(0, n, batch_size):
-                logits = model(x[i:i + batch_size])
-                hit = (logits.argmax(-1) == y[i:i + batch_size]) & m[i:i + batch_size].bool()
-                right += int(hit.sum())
-                total += int(m[i:i + batch_size].sum())
-                examples_ok += int((hit.sum(1) == m[i:i + batch_size].sum(1)).sum())
-            accuracy[L], exact[L] = right / max(1, total), examples_ok / n
-            if scored is not None:
-                scored[L] = total
-    model.train()
-    return accuracy, exact
+    return trainloop.evaluate(model, tasks, task, cfg, lengths, n, batch_size, scored)
 
 
 # ------------------------------------------------------------------------------- leaderboard

@@ -158,10 +158,13 @@ def sliding_window_spec(window: int) -> str:
 def build(spec, cfg: LMConfig) -> LanguageModel:
     """A LanguageModel whose mixers are the compiled `spec` (path, text or emitted module); hybrid blocks
     use sliding-window attention compiled from `sliding_window_spec(cfg.window)`."""
-    import mirasc  # only here: this file must stay importable without mirasc when appended to a module
+    compile_spec = None
+    if not hasattr(spec, "Layer") or cfg.hybrid_every:  # an emitted module and no hybrid blocks: torch alone
+        import mirasc  # only here: this file must stay importable without mirasc when appended to a module
 
-    mod = spec if hasattr(spec, "Layer") else mirasc.compile_spec(spec)
-    hybrid = mirasc.compile_spec(sliding_window_spec(cfg.window)) if cfg.hybrid_every else None
+        compile_spec = mirasc.compile_spec
+    mod = spec if hasattr(spec, "Layer") else compile_spec(spec)
+    hybrid = compile_spec(sliding_window_spec(cfg.window)) if cfg.hybrid_every else None
 
     def make_mixer(d, h):
         return mod.Layer(d, h, **cfg.layer_options)

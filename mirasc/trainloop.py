@@ -1,0 +1,91 @@
+"""The training loop and the evaluation of `mirasc explore`, in torch alone.
+
+This file imports only torch and the standard library on purpose: `benchmarks/gpu_mqar.py` loads it by file path
+(with mirasc/tasks.py and mirasc/models.py) on machines without the compiler's dependencies, so that a GPU run
+trains and evaluates exactly as `mirasc explore` does. `tasks` and `models` are passed in as modules for the same
+reason. `device`: where the model lives; batches are generated on the CPU (the same tensors everywhere) and moved.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import torch
+
+TRAIN_SEED, EVAL_SEED = 1_000_003, 987_654_321
+
+
+def make_model(module, models, vocab_size: int, d_model: int, layers: int, heads: int, layer_options: dict):
+    """The language model around the emitted `module`'s Layer (initialised from torch's global RNG); Layer
+    options the module does not have are skipped."""
+    layer_opts = {k: v for k, v in layer_options.items() if k in getattr(module, "LAYER_DEFAULTS", {})}
+    return models.build(module, models.LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=layers,
+                                                n_heads=heads, layer_options=layer_opts))
+
+
+def train(model, tasks, task: str, cfg, *, steps: int, batch_size: int, lr: float, weight_decay: float, seed: int,
+          log_every: int, on_step=None, device=None):
+    """AdamW (betas 0.9, 0.95; weight decay on matrices only), linear warm-up over a tenth of the steps then cosine
+    to 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step. Returns (loss curve
+    [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after every step."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    warmup = max(1, steps // 10)
+
+    def lr_at(step):  # linear warm-up, cosine to 10%
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    curve, window, status = [], [], "ok"
+    model.train()
+    for step in range(steps):
+        x, y, _ = tasks.generate(task, cfg, batch_size, seed=TRAIN_SEED * (seed + 1) + step)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        _, loss = model(x, y)
+        if not torch.isfinite(loss):
+            status = f"diverged at step {step}"
+            break
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        window.append(loss.item())
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            curve.append([step + 1, statistics.fmean(window)])
+            window = []
+        if on_step is not None:
+            on_step(step + 1, loss.item())
+    return curve, status
+
+
+def evaluate(model, tasks, task: str, cfg, lengths, n: int, batch_size: int, scored: dict | None = None,
+             device=None):
+    """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set (seeded
+    EVAL_SEED + length). `scored`, if given, receives the number of scored tokens at each length."""
+    model.eval()
+    accuracy, exact = {}, {}
+    with torch.no_grad():
+        for L in lengths:
+            c = tasks.at_length(task, cfg, L)
+            x, y, m = tasks.generate(task, c, n, seed=EVAL_SEED + L)
+            if device is not None:
+                x, y, m = x.to(device), y.to(device), m.to(device)
+            right = total = examples_ok = 0
+            for i in range(0, n, batch_size):
+                logits = model(x[i:i + batch_size])
+                hit = (logits.argmax(-1) == y[i:i + batch_size]) & m[i:i + batch_size].bool()
+                right += int(hit.sum())
+                total += int(m[i:i + batch_size].sum())
+                examples_ok += int((hit.sum(1) == m[i:i + batch_size].sum(1)).sum())
+            accuracy[L], exact[L] = right / max(1, total), examples_ok / n
+            if scored is not None:
+                scored[L] = total
+    model.train()
+    return accuracy, exact
