@@ -71,6 +71,9 @@ def _cauchy(e: Tensor) -> Tensor:  # log(1 + e^2/2)
     return torch.log(1.0 + e * e / 2.0)
 
 
+# FLA's preconditioned delta rules (precond_gated_deltanet, precond_kda): the ATK transform with FLA's defaults
+_PRECOND_ATK = dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=1.5, center=-0.2, eps=1e-6)
+
 REF_CONFIGS: dict[str, dict] = {
     "comba": dict(
         memory=_LINEAR,
@@ -234,16 +237,14 @@ REF_CONFIGS: dict[str, dict] = {
         memory=_LINEAR,
         bias=dict(kind="l2"),
         retention=dict(kind="decay", alpha="gate", order="pre"),
-        learner=dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=1.5, center=-0.2,
-                     eps=1e-6),
+        learner=_PRECOND_ATK,
         parallel=None,
     ),
     "precond_kda": dict(
         memory=_LINEAR,
         bias=dict(kind="l2"),
         retention=dict(kind="decay", alpha="gate(k)", order="pre"),
-        learner=dict(kind="precond", lr="gate", nu="gate", rho="gate", transform="atk", base=1.5, center=-0.2,
-                     eps=1e-6),
+        learner=_PRECOND_ATK,
         parallel=None,
     ),
     "retnet": dict(

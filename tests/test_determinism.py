@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from isolation import blocker_prelude
 
 from mirasc import compile_text
 from mirasc.cli import main
@@ -102,27 +103,10 @@ def test_cli_entry_point_hash_seed(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- standalone
-ISOLATED_RUNNER = textwrap.dedent('''
-    import importlib.abc, importlib.util, json, sys
+ISOLATED_RUNNER = blocker_prelude(BLOCKED) + textwrap.dedent('''
+    import importlib.util, json
 
-    BLOCKED = {blocked!r}
-
-    class Blocker(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"blocked by the test: {{name}}", name=name)
-            return None
-
-    sys.meta_path.insert(0, Blocker())
-    for name in list(sys.modules):
-        if name.split(".")[0] in BLOCKED:
-            del sys.modules[name]
-    report = {{"blocker_works": [], "modules": {{}}}}
-    for name in BLOCKED:
-        try:
-            __import__(name)
-        except ImportError:
-            report["blocker_works"].append(name)
+    report = {"blocker_works": BLOCKER_WORKS, "modules": {}}
 
     import torch
 
@@ -136,15 +120,15 @@ ISOLATED_RUNNER = textwrap.dedent('''
         q = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1)
         k = torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
         v = torch.randn(B, T, H, *sub, D, generator=g)
-        gates = {{name: 0.2 + 0.6 * torch.rand(B, T, H, *(sub if name == "eta" else []),
-                                                *([D] if name in getattr(mod, "GATE_CHANNELS", {{}}) else []),
-                                                generator=g) for name in mod.GATES}}
+        gates = {name: 0.2 + 0.6 * torch.rand(B, T, H, *(sub if name == "eta" else []),
+                                                *([D] if name in getattr(mod, "GATE_CHANNELS", {}) else []),
+                                                generator=g) for name in mod.GATES}
         state0 = mod.init_state(B, H, D, D)
-        x = {{"extras": {{n: torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
-                         for n in mod.EXTRAS}}}} if getattr(mod, "EXTRAS", ()) else {{}}
+        x = {"extras": {n: torch.nn.functional.normalize(torch.randn(B, T, H, *sub, D, generator=g), dim=-1)
+                         for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
         o, state = mod.apply(q, k, v, gates, **x)
-        out = {{"shape": list(o.shape), "finite": bool(torch.isfinite(o).all()), "spec_head": mod.SPEC.split("{{")[0],
-               "gates": list(mod.GATES), "state_keys": None}}
+        out = {"shape": list(o.shape), "finite": bool(torch.isfinite(o).all()), "spec_head": mod.SPEC.split("{")[0],
+               "gates": list(mod.GATES), "state_keys": None}
         if state is not None:  # (a non-causal attention has no streaming state)
             o2, _ = mod.apply(q, k, v, gates, state=state, **x)  # the final state continues the sequence
             out.update(state_keys=sorted(state), init_keys=sorted(state0), continued_finite=bool(
@@ -164,10 +148,10 @@ ISOLATED_RUNNER = textwrap.dedent('''
         try:
             report["modules"][path] = run(path)
         except Exception as err:
-            report["modules"][path] = {{"error": f"{{type(err).__name__}}: {{err}}"}}
+            report["modules"][path] = {"error": f"{type(err).__name__}: {err}"}
     report["leaked"] = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     print(json.dumps(report))
-''').format(blocked=BLOCKED)
+''')
 
 
 @pytest.fixture(scope="module")

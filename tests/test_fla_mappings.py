@@ -61,21 +61,23 @@ def leaves(seed: int, **shapes):
 
 
 def compare(ours, theirs, x: dict, seed: int = 0):
-    """ours(), theirs(): (o, final state in our layout or None); outputs, states and every leaf's gradient."""
+    """ours(), theirs(): (o, final state in our layout: a tensor, a list of tensors, or None); outputs (1e-5), every
+    final tensor (1e-5) and every leaf's gradient (1e-4), through the same random upstream gradients."""
     gen = torch.Generator().manual_seed(seed)
     results = []
     for fn in (ours, theirs):
-        o, W = fn()
-        do = torch.randn(o.shape, generator=gen).float()
-        loss = (o * do).sum()
-        if W is not None:
-            loss = loss + (W * torch.randn(W.shape, generator=gen).float()).sum()
+        o, finals = fn()
+        finals = [] if finals is None else [finals] if torch.is_tensor(finals) else list(finals)
+        loss = (o * torch.randn(o.shape, generator=gen).float()).sum()
+        for f in finals:
+            loss = loss + (f * torch.randn(f.shape, generator=gen).float()).sum()
         gen.manual_seed(seed)  # the same upstream gradients for both sides
-        results.append((o, W, torch.autograd.grad(loss, list(x.values()))))
-    (o_a, W_a, g_a), (o_b, W_b, g_b) = results
+        results.append((o, finals, torch.autograd.grad(loss, list(x.values()))))
+    (o_a, f_a, g_a), (o_b, f_b, g_b) = results
     assert rel(o_a, o_b) < 1e-5, rel(o_a, o_b)
-    if W_b is not None:
-        assert rel(W_a, W_b) < 1e-5, rel(W_a, W_b)
+    assert len(f_a) == len(f_b)
+    for i, (a, b) in enumerate(zip(f_a, f_b)):
+        assert rel(a, b) < 1e-5, (i, rel(a, b))
     for name, a, b in zip(x, g_a, g_b):
         assert rel(a, b) < 1e-4, (name, rel(a, b))
 
@@ -222,6 +224,11 @@ def test_momentum_deltanet_with_p_equal_k(algorithm):
     """Momentum DeltaNet with its read key p = k: M_t = μ M + η (S p − v) kᵀ, S_t = α S − β M_t. With
     S′ = −β M this is mirasc's momentum: θ_t = μ_t β_t / β_{t−1}, lr = β_t η_t (β_0 := 1, M_0 = 0). The chunked
     form (the state [W, S] under 2x2 scalar transitions) with chunks of 8."""
+    momentum_deltanet_vs_fla(algorithm=algorithm)
+
+
+def momentum_deltanet_vs_fla(**apply_kw):
+    """FLA's naive Momentum DeltaNet (p = k) against the spec's op run with `apply_kw` (chunks of 8)."""
     naive = fla("momentum_delta_rule.naive", "recurrent_momentum_delta_rule_ref")
     x = leaves(8, q=("n", (B, T, H, DK)), k=("n", (B, T, H, DK)), v=("", (B, T, H, DV)), a=("u", (B, T, H)),
                mu=("u", (B, T, H)), beta=("u", (B, T, H)), eta=("u", (B, T, H)), S0=("", (B, H, DK, DV)))
@@ -232,7 +239,7 @@ def test_momentum_deltanet_with_p_equal_k(algorithm):
         before = torch.cat([torch.ones_like(beta[:, :1]), beta[:, :-1]], 1)
         gates = {"eta": beta * x["eta"], "alpha": torch.exp(-0.2 * x["a"]), "theta": x["mu"] * beta / before}
         o, st = mod.apply(x["q"], x["k"], x["v"], gates, state={"W": _T(x["S0"]), "S_W": torch.zeros(B, H, DV, DK)},
-                          algorithm=algorithm, chunk_size=8)
+                          chunk_size=8, **apply_kw)
         return o, st["W"]
 
     def theirs():

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from isolation import blocker_prelude
 
 from mirasc import explore
 
@@ -21,27 +22,9 @@ BLOCKED = ("mirasc", "lark", "sympy", "pydantic", "networkx")
 STEPS, LR, SEED, SEQ, PAIRS, LENGTHS, EVAL_N = 30, 3e-2, 1, 16, 2, (16, 32), 16
 LAYER = ("conv=2", "gate_head_term=true", "not_an_option=3")    # options a layer lacks are skipped by both
 
-BLOCKED_RUNNER = textwrap.dedent('''
-    import importlib.abc, json, runpy, sys
+BLOCKED_RUNNER = blocker_prelude(BLOCKED) + textwrap.dedent('''
+    import json, runpy
 
-    BLOCKED = {blocked!r}
-
-    class Blocker(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in BLOCKED:
-                raise ModuleNotFoundError(f"blocked by the test: {{name}}", name=name)
-            return None
-
-    sys.meta_path.insert(0, Blocker())
-    for name in list(sys.modules):
-        if name.split(".")[0] in BLOCKED:
-            del sys.modules[name]
-    blocked = []
-    for name in BLOCKED:
-        try:
-            __import__(name)
-        except ImportError:
-            blocked.append(name)
     script, report = sys.argv[1], sys.argv[2]
     sys.argv = [script] + sys.argv[3:]
     try:
@@ -51,8 +34,8 @@ BLOCKED_RUNNER = textwrap.dedent('''
         code = e.code
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
     with open(report, "w") as fh:
-        json.dump({{"blocked": blocked, "leaked": leaked, "code": code}}, fh)
-''').format(blocked=BLOCKED)
+        json.dump({"blocked": BLOCKER_WORKS, "leaked": leaked, "code": code}, fh)
+''')
 
 
 @pytest.fixture(scope="module")

@@ -149,12 +149,12 @@ def module(name: str):
     return mirasc.compile_spec(f"model {name} {{ {CASES[name][0]} }}")
 
 
-def random_state(mod, seed: int) -> dict[str, torch.Tensor]:
+def random_state(mod, seed: int, batch: int = B, heads: int = H, dk: int = D, dv: int = D) -> dict[str, torch.Tensor]:
     """A random initial state with the module's keys: weights and momentum ~ N(0, 0.3²)·…, a full Omega window
     (unit keys, γ in [0, 1], Huber δ in [1.5, 4])."""
     g = torch.Generator().manual_seed(seed)
     state = {}
-    for name, x in mod.init_state(B, H, D, D, dtype=f64).items():
+    for name, x in mod.init_state(batch, heads, dk, dv, dtype=f64).items():
         if name.startswith("win_gamma"):
             val = torch.rand(x.shape, generator=g, dtype=f64)
         elif name.startswith("win_delta"):

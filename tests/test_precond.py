@@ -12,13 +12,13 @@ tolerances are float32's.
 from __future__ import annotations
 
 import functools
-import importlib
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from reference import REF_CONFIGS, make_inputs, make_state, reference_apply, rel
+from test_fla_mappings import _T, compare, fla, leaves  # FLA's references, the same leaves and comparison
 
 import mirasc
 
@@ -30,48 +30,6 @@ ALGORITHMS = [("recurrent", None), ("chunked", 8)]
 @functools.cache
 def spec(name: str):
     return mirasc.compile_spec(str(SPECS / f"{name}.miras"))
-
-
-def fla(module: str, name: str):
-    pytest.importorskip("fla")
-    return getattr(importlib.import_module(f"fla.ops.{module}"), name)
-
-
-def leaves(seed: int, **shapes):
-    """float32 leaves: 'n' unit rows, 'u' uniform in (0, 1), otherwise normal."""
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, (kind, shape) in shapes.items():
-        x = torch.randn(shape, generator=gen, dtype=torch.float64)
-        if kind == "n":
-            x = F.normalize(x, dim=-1)
-        elif kind == "u":
-            x = torch.rand(shape, generator=gen, dtype=torch.float64)
-        out[name] = x.float().requires_grad_(True)
-    return out
-
-
-def compare(ours, theirs, x: dict, seed: int = 0, tol=(1e-5, 1e-4)):
-    """ours(), theirs(): (o, [final tensors]); outputs, every final tensor and every leaf's gradient."""
-    gen = torch.Generator().manual_seed(seed)
-    results = []
-    for fn in (ours, theirs):
-        o, finals = fn()
-        loss = (o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum()
-        for f in finals:
-            loss = loss + (f * torch.randn(f.shape, generator=gen, dtype=f.dtype)).sum()
-        gen.manual_seed(seed)  # the same upstream gradients for both sides
-        results.append((o, finals, torch.autograd.grad(loss, list(x.values()))))
-    (o_a, f_a, g_a), (o_b, f_b, g_b) = results
-    assert rel(o_a, o_b) < tol[0], rel(o_a, o_b)
-    for i, (a, b) in enumerate(zip(f_a, f_b)):
-        assert rel(a, b) < tol[0], (i, rel(a, b))
-    for name, a, b in zip(x, g_a, g_b):
-        assert rel(a, b) < tol[1], (name, rel(a, b))
-
-
-def _T(S):
-    return S.transpose(-1, -2)
 
 
 def _fla_inputs(seed, channel, n_seq=B):

@@ -17,12 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reference import make_inputs, make_state, reference_apply, rel
-from test_fla_mappings import _T, compare, fla, leaves
-from test_fla_mappings import DK as FDK
-from test_fla_mappings import DV as FDV
-from test_fla_mappings import B as FB
-from test_fla_mappings import H as FH
-from test_fla_mappings import T as FT
+from test_fla_mappings import momentum_deltanet_vs_fla
 
 import mirasc
 
@@ -135,28 +130,7 @@ def test_momentum_deltanet_vs_fla_with_p_equal_k():
     """FLA's naive `momentum_delta_rule` with p = k (M_t = μ M + η (S p − v) kᵀ, S_t = α S − β M_t) on the chunked
     Triton kernels: mirasc's momentum with θ_t = μ_t β_t / β_{t−1}, lr = β_t η_t (β_0 := 1, M_0 = 0), chunks of 8
     over T = 19. Outputs, the final state and the gradients of every raw FLA input."""
-    naive = fla("momentum_delta_rule.naive", "recurrent_momentum_delta_rule_ref")
-    x = leaves(8, q=("n", (FB, FT, FH, FDK)), k=("n", (FB, FT, FH, FDK)), v=("", (FB, FT, FH, FDV)),
-               a=("u", (FB, FT, FH)), mu=("u", (FB, FT, FH)), beta=("u", (FB, FT, FH)), eta=("u", (FB, FT, FH)),
-               S0=("", (FB, FH, FDK, FDV)))
-    mod = mirasc.compile_spec("model momentum_delta { memory = linear\n bias = l2\n retention = decay(alpha=gate)\n"
-                              " learner = momentum(lr=gate, theta=gate) }")
-
-    def ours():
-        beta = 0.2 + x["beta"]
-        before = torch.cat([torch.ones_like(beta[:, :1]), beta[:, :-1]], 1)
-        gates = {"eta": beta * x["eta"], "alpha": torch.exp(-0.2 * x["a"]), "theta": x["mu"] * beta / before}
-        o, st = mod.apply(x["q"], x["k"], x["v"], gates, state={"W": _T(x["S0"]), "S_W": torch.zeros(FB, FH, FDV, FDK)},
-                          backend="triton", algorithm="chunked", chunk_size=8)
-        return o, st["W"]
-
-    def theirs():
-        beta = 0.2 + x["beta"]
-        o, final = naive(x["q"], x["k"], x["v"], -0.2 * x["a"], torch.log(x["mu"]), x["k"], beta=beta, eta=x["eta"],
-                         scale=1.0, initial_S=x["S0"], output_final_state=True)
-        return o, _T(final[0])
-
-    compare(ours, theirs, x)
+    momentum_deltanet_vs_fla(backend="triton", algorithm="chunked")
 
 
 def test_channel_gates_have_no_chunked_triton_kernel():

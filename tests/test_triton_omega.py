@@ -21,6 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from reference import make_inputs, reference_apply, rel  # noqa: E402
+from test_omega_atlas import random_state  # noqa: E402 (a random state with a full Omega window)
 
 mirasc = pytest.importorskip("mirasc")
 pytest.importorskip("triton")
@@ -91,25 +92,6 @@ def module(name: str):
     return mirasc.compile_spec(f"model {name} {{ {CASES[name][0]} }}")
 
 
-def random_state(mod, dk: int, dv: int, seed: int) -> dict[str, torch.Tensor]:
-    """Weights ~ N(0, 0.3²)·…, a full window (unit keys, γ in [0, 1], δ in [1.5, 4])."""
-    g = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, x in mod.init_state(B, H, dk, dv, dtype=f64).items():
-        if name == "win_gamma":
-            val = torch.rand(x.shape, generator=g, dtype=f64)
-        elif name == "win_delta":
-            val = 1.5 + 2.5 * torch.rand(x.shape, generator=g, dtype=f64)
-        elif name == "win_k":
-            val = torch.nn.functional.normalize(torch.randn(x.shape, generator=g, dtype=f64), dim=-1)
-        else:
-            val = torch.randn(x.shape, generator=g, dtype=f64) * (0.3 if name.startswith(("W", "S_", "A_")) else 1.0)
-        state[name] = val
-    if "A_W" in state:  # elastic: W is the accumulator's readout
-        state["W"] = torch.sign(state["A_W"]) * (state["A_W"].abs() - 0.01).clamp_min(0)
-    return state
-
-
 def test_atlas_specs_have_the_recurrent_kernel():
     """The Omega rule and feature=poly (linear memory) no longer refuse Triton; the chunk families leave the Omega
     rule to the recurrent kernel; muon still says why."""
@@ -131,7 +113,7 @@ def test_matches_reference_and_torch(name, algorithm):
     mod = module(name)
     n_tok = 8 if name == "huber_mlp" else T  # (the MLP's interpreted kernels are slow: two mini-batches)
     q, k, v, gates = make_inputs(cfg, B, n_tok, H, dk, dv, f64, seed=5)
-    state = random_state(mod, dk, dv, seed=5)
+    state = random_state(mod, 5, batch=B, heads=H, dk=dk, dv=dv)
     leaves = {"q": q, "k": k, "v": v, **gates, **{f"state:{n}": x for n, x in state.items()}}
     for x in leaves.values():
         x.requires_grad_(True)
