@@ -13,6 +13,8 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
+  * gla / kda (a decay over key channels, CONTRACT §6): the chunked Triton kernels vs fla chunk_gla / chunk_kda
+    (g = log α, β = η: the same functions, tests/test_peers_fla.py);
   * ttt_linear: the chunked Triton kernels vs fla chunk_ttt_linear (a similar model, see the case);
   * rwkv7 / comba (generalized delta transition): the chunked Triton kernels and the torch chunked path vs fla
     chunk_dplr_delta_rule (a = −κ, b = η ⊙ κ, gk = log α: the same function) / chunk_comba (p = κ; fla's chunk
@@ -21,7 +23,9 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
     chunk_momentum_delta_rule with p = k (a cost peer: the gates are not mapped, θ = μ, η = β);
   * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
-A case that fails prints its error and the suite goes on. Results are appended as a markdown table.
+A case that fails prints its error and the suite goes on. Each row is printed when its case ends, and with --out the
+table so far is written to OUT.partial after every case (a call cut off by the device's time limit keeps them);
+at the end the table is appended to OUT and the .partial file removed.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
-         "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet"]
+         "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet"]
 
 
 def emit(out_dir: Path) -> None:
@@ -131,6 +135,17 @@ def timed(label, fwd, rows, device, tokens, peer=None, flops=None, nbytes=None):
         rows.append((label + f" FAILED: {type(err).__name__}: {str(err)[:120]}", None, None, None, None, tokens,
                      None, None))
         traceback.print_exc()
+    progress(rows)
+
+
+PARTIAL = [None]  # OUT.partial while the suite runs with --out
+
+
+def progress(rows) -> None:
+    """Print the case that just ended and keep the table so far in OUT.partial."""
+    print(table(rows[-1:], "").splitlines()[-1], flush=True)
+    if PARTIAL[0] is not None:
+        PARTIAL[0].write_text(table(rows, "(partial)"), encoding="utf-8")
 
 
 def run(args) -> list:
@@ -259,6 +274,31 @@ def run(args) -> list:
               rows, device, tokens, peer=peer, flops=2 * flops_chunked_linear(B, H, T, D, delta=True),
               nbytes=5 * B * T * H * D * q.element_size() + 12 * B * T * H)
 
+    # -- a decay over key channels (CONTRACT §6): GLA (Hebbian write) and KDA (delta rule) vs fla's chunk kernels
+    for name, gates in (("gla", ("alpha",)), ("kda", ("eta", "alpha"))):
+        mod = mods[name]
+        q, k, v, _ = make_inputs(B, T, H, D, dtype, device)
+        g = torch.Generator(device="cpu").manual_seed(2)
+        gs = {"alpha": 0.9 + 0.1 * torch.rand(B, T, H, D, generator=g)}
+        if "eta" in gates:
+            gs["eta"] = 0.05 + 0.45 * torch.rand(B, T, H, generator=g)
+        gs = {n: t.to(device).requires_grad_(True) for n, t in gs.items()}
+        peer = None
+        if fops is not None and not smoke:
+            if name == "gla":
+                def peer(q=q, k=k, v=v, gs=gs):
+                    return fops.chunk_gla(q, k, v, g=gs["alpha"].log().to(q.dtype), scale=1.0)[0]
+            else:
+                from fla.ops.kda import chunk_kda
+
+                def peer(q=q, k=k, v=v, gs=gs):
+                    return chunk_kda(q, k, v, g=gs["alpha"].log().to(q.dtype), beta=gs["eta"].to(q.dtype),
+                                     scale=1.0)[0]
+        timed(f"{name}: mirasc chunked (triton) vs fla chunk_{name}", lambda mod=mod, q=q, k=k, v=v, gs=gs:
+              mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens, peer=peer,
+              flops=flops_chunked_linear(B, H, T, D, delta=name == "kda"),
+              nbytes=4 * B * T * H * D * q.element_size() + 4 * B * T * H * (D + len(gs) - 1))
+
     # -- TTT-linear (mini-batch 16) vs fla's chunk_ttt_linear. Not the same function: fla's TTT puts a
     # LayerNorm with a residual on the memory's output inside the inner loss; same shapes, similar cost.
     mod = mods["ttt_linear"]
@@ -315,7 +355,8 @@ def run(args) -> list:
 
 
 def table(rows, device_name) -> str:
-    lines = [f"\n### mirasc GPU suite — {time.strftime('%Y-%m-%d %H:%M')}, {device_name}, torch {torch.__version__}\n",
+    lines = [f"\n### mirasc GPU suite — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {device_name}, torch "
+             f"{torch.__version__}, triton {_triton_version()}\n",
              "| case | fwd ms | fwd+bwd ms | peer fwd ms | peer fwd+bwd ms | fwd+bwd tokens/s | speed vs peer "
              f"(fwd+bwd) | fwd TFLOP/s (% of {PEAK_TFLOPS:.0f}) | fwd+bwd TFLOP/s | fwd GB/s (% of {PEAK_TBS} TB/s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -350,12 +391,25 @@ def main(argv=None) -> int:
     if not args.emit_dir.exists():
         emit(args.emit_dir)
     device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (smoke)"
+    if args.out:
+        PARTIAL[0] = args.out.with_name(args.out.name + ".partial")
     text = table(run(args), device_name)
     print(text)
     if args.out:
         with open(args.out, "a", encoding="utf-8") as fh:
             fh.write(text)
+        PARTIAL[0].unlink(missing_ok=True)
+        PARTIAL[0] = None
     return 0
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "none"
 
 
 if __name__ == "__main__":
