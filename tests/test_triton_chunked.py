@@ -189,3 +189,36 @@ def test_packed_sequences_in_one_launch(name):
                                                    state={"W": state["W"][i:i + 1]})[0].square().sum(), v)[0][:, a:b]
                      for i, (a, b) in enumerate(zip(cu, cu[1:])) if a < b], dim=1)
     assert rel(grad, ref) < 1e-5
+
+
+# TF32 dots only in the kernel builds a GPU run verified (benchmarks/RESULTS.md "GPU", 2026-12-04: the other TF32
+# builds crashed, hung or were wrong on an H200 with Triton 3.6); every other build runs exact fp32 dots.
+TF32_VERIFIED = {"gla", "hgrn2", "kda", "momentum_deltanet"}
+
+
+class _Launched(Exception):
+    pass
+
+
+TF32_CHECKED = sorted(set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS
+                          + PRECOND_CHUNK_SPECS + ["titans", "moneta", "memora"]))
+
+
+@pytest.mark.parametrize("name", TF32_CHECKED)
+def test_tf32_dots_only_where_verified(name, monkeypatch):
+    mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
+    seen = []
+
+    def capture(fn, *args, tf32=None, **kw):
+        seen.append(tf32)
+        raise _Launched
+
+    monkeypatch.setattr(mod, "_on_chunk_kernels", capture)
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        q, k, v = (torch.nn.functional.normalize(torch.randn(1, 8, 1, 8), dim=-1).to(dtype) for _ in range(3))
+        gates = {n: 0.1 + 0.8 * torch.rand(1, 8, 1, *_channels(mod, n, 8, 8)) for n in mod.GATES}
+        ex = {"extras": {n: k for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
+        with pytest.raises(_Launched):
+            mod.apply(q, k, v, gates, state=mod.init_state(1, 1, 8, 8), backend="triton", algorithm="chunked", **ex)
+    assert seen == [name in TF32_VERIFIED] * 2 + [False]
+    assert mod.TF32_DOTS == (name in TF32_VERIFIED)

@@ -489,6 +489,13 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
         triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
+    # TF32 dots for fp16/bf16 inputs only in the kernel builds a GPU run verified (the module's _tf32_dots says
+    # why): the momentum delta scans, and the key-channel decay chunk kernels as GLA, HGRN2 and KDA build them
+    sides = spec.gate_channels()
+    key_decay = sides.get("alpha") == "k"
+    flags["tf32_dots"] = bool(triton_section) and not chunk_readout and (
+        family == "momentum" or (key_decay and (family == "hebbian" or (family == "delta"
+                                                                        and sides.get("eta") != "k"))))
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
     # (not with an Omega window: padded rows would enter the carried window)
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
