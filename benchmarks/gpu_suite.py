@@ -108,6 +108,8 @@ def flops_chunked_linear(B, H, T, D, C=64, delta=False):
     return B * H * T * per_token
 
 
+ONLY = [None]  # --only: run the cases whose label starts with one of these (a process per group keeps a sticky CUDA
+# error from costing the other groups)
 DEADLINE = [float("inf")]  # perf_counter() after which cases are skipped (--budget-s): a lent GPU's time is short
 
 
@@ -115,6 +117,8 @@ def timed(label, fwd, rows, device, tokens, peer=None, flops=None, nbytes=None):
     """fwd() returns a tensor; times forward and forward+backward, and the peer's if given.
     flops: forward matmul FLOPs of the model (fwd+bwd counted as 3x); nbytes: the forward's compulsory
     HBM traffic (inputs read once, outputs written once). Past the deadline the case is listed as skipped."""
+    if ONLY[0] and not label.startswith(tuple(ONLY[0])):
+        return
     if time.perf_counter() > DEADLINE[0]:
         rows.append((label + " SKIPPED (time budget)", None, None, None, None, tokens, None, None))
         return
@@ -383,7 +387,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, help="append the markdown table to this file")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no new case after this many seconds (kernel compiles can be slow)")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="only the cases whose label starts with one of these")
     args = ap.parse_args(argv)
+    ONLY[0] = args.only
     DEADLINE[0] = time.perf_counter() + args.budget_s
     if args.emit:
         emit(args.emit)
