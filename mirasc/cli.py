@@ -214,7 +214,10 @@ def cmd_kernels(args) -> int:
         summary = kr.summarize(rows)
         print(kr.format_rows(rows) if args.all else kr.format_summary(summary))
         for s in summary:
-            if s["kept_fit"] == 0 or s["kept_not_fit"]:
+            if s.get("refused"):  # the module's own refusal of these sizes (its reason and the way out)
+                print(f"{spec}: {s['kernel']}: {s['refused']}", file=sys.stderr)
+                status = 3
+            elif s["kept_fit"] == 0 or s["kept_not_fit"]:
                 print(f"{spec}: {s['kernel']}: {s['kept_fit']} kept configurations fit, {s['kept_not_fit']} kept "
                       f"do not", file=sys.stderr)
                 status = 3

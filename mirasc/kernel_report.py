@@ -132,6 +132,8 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     arch, smem_limit = TARGETS[target]
     gpu = GPUTarget("cuda", arch, 32)
     module = compile_spec(spec)
+    if hasattr(module, "FIT_SMEM_LIMIT"):  # the chunk kernels refuse on the CPU what a GPU of `target` would refuse
+        module.FIT_SMEM_LIMIT = smem_limit
     tables = _autotune_tables(module)
     rows: list[Row] = []
     seen = set()
@@ -244,6 +246,10 @@ def summarize(rows: list[Row]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r.kernel for r in rows):
         rs = [r for r in rows if r.kernel == name]
+        if name.endswith(": refused)"):  # the module refused these sizes before any launch: nothing compiled
+            out.append({"kernel": name, "direction": rs[0].direction, "configs": 0, "kept": 0, "kept_fit": 0,
+                        "kept_not_fit": 0, "best": None, "max_compile_s": 0.0, "refused": rs[0].error})
+            continue
         kept = [r for r in rs if r.kept is not False]
         fitting = [r for r in kept if r.ok and r.fits]
         best = min(fitting, key=lambda r: (r.spill_bytes, -r.tensor_cores, r.registers), default=None)
@@ -274,7 +280,7 @@ def format_summary(summary: list[dict]) -> str:
              "(regs / spill B / smem KB / tensor cores)   max compile s"]
     for s in summary:
         b = s["best"]
-        best = "none fits" if b is None else (
+        best = "refused (below)" if s.get("refused") else "none fits" if b is None else (
             " ".join(f"{k}={v}" for k, v in b["config"].items())
             + f"  ({b['registers']} / {b['spill_bytes']} / {b['shared_bytes'] / 1024:.1f} / "
               f"{'yes' if b['tensor_cores'] else 'no'})")

@@ -111,3 +111,16 @@ def test_a_memory_too_large_for_one_program_is_refused(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert [r["kernel"] for r in rows] == ["(recurrent fwd: refused)"]
     assert "registers" in rows[0]["error"] and "128" in rows[0]["error"]
+
+
+@needs_tools
+def test_chunk_kernels_without_a_fitting_configuration_are_refused(tmp_path):
+    """Based's Taylor features widen the key to 1 + D + D(D+1)/2 = 2145 at D = 64: the chunk scans cannot hold a
+    state row of 4096 padded key columns in sm_90's shared memory, so the module refuses the size (with the
+    kernels, the sizes and backend='torch') before any launch, and `kernels` reports it and exits 3."""
+    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / "based.miras"), "--target", "sm_90", "--dk", "64",
+                          "--dtype", "bfloat16", "--algorithm", "chunked")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert [r["kernel"] for r in rows] == ["(chunked fwd: refused)"]
+    assert "_chunk_state_fwd" in rows[0]["error"] and "Dk=2145" in rows[0]["error"]
+    assert "backend='torch'" in rows[0]["error"] and "backend='torch'" in proc.stderr
