@@ -2,7 +2,7 @@
 # The prepared device calls of a session lent a GPU (15 minutes of device time, all calls together; a call ends
 # within 600 s). Two modes, each one call:
 #   bash benchmarks/gpu_session.sh check   # gpu_check.py (every emitted Triton path vs the float64 torch recurrence)
-#                                          # then gpu_suite.py (speed against flash-linear-attention and SDPA): ~400 s
+#                                          # then gpu_suite.py (speed against flash-linear-attention and SDPA): ~390 s
 #   bash benchmarks/gpu_session.sh atlas   # Atlas' MQAR row (gpu_mqar.py, issue 12) alone on the GPU: ~430 s
 # Run `check` first, then `atlas` at once (the machine stays warm 30 s after a call). On 2026-12-04 one call ran
 # all three at once and Atlas, sharing the GPU with gpu_check's 14 processes, ran at 1.1-1.9 s/step instead of its
@@ -21,8 +21,8 @@ MODE=${1:-check}
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 END=${GPU_SESSION_END_S:-570}       # stop everything by then (the call's limit is 600 s)
-CHECK_S=${GPU_CHECK_S:-220}         # gpu_check: hard limit; no new spec after CHECK_S - 60 s, all killed at CHECK_S - 10 s
-SUITE_S=${GPU_SUITE_S:-200}         # gpu_suite: hard limit; it starts no new case after SUITE_S - 50 s
+CHECK_S=${GPU_CHECK_S:-200}         # gpu_check: hard limit; no new spec after CHECK_S - 60 s, all killed at CHECK_S - 10 s
+SUITE_S=${GPU_SUITE_S:-170}         # gpu_suite: hard limit; it starts no new case after SUITE_S - 50 s
 exec > >(tee -a "$OUT/session.log") 2>&1
 log() { echo "[$SECONDS s] $*"; }
 
