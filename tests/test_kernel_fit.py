@@ -25,7 +25,9 @@ pytest.importorskip("triton")
 
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
-    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    # (bf16 inputs run exact fp32 dots in the per-head chunk kernels since the H200 run of 2026-12-04, where their
+    # TF32 build faulted: the FMA scan's safest configuration spills 128 B at D = 128 on sm_90, the output kernel none)
+    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_output_fwd"}),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the variants with a decay over key channels (16-row sub-blocks, g per channel)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
