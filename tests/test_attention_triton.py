@@ -1,6 +1,7 @@
 """The generated flash-style Triton kernel for softmax memories, under TRITON_INTERPRET=1 on the CPU:
 outputs and gradients against the torch path (float64-checked elsewhere), fp32 and fp16, causal,
-sliding window (T > window, T not a multiple of the tile), cross-attention with Tq != Tk, Dk != Dv."""
+sliding window (T > window, T not a multiple of the tile), cross-attention with Tq != Tk, Dk != Dv;
+bf16 (16-bit dot operands) against a float64 token-by-token softmax."""
 
 from __future__ import annotations
 
@@ -68,19 +69,21 @@ def test_flash_tiles_of_different_sizes(monkeypatch, case, tiles):
 
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("smem_limit", [101376, 166912, 232448])
-def test_flash_autotuning_space_keeps_a_configuration(D, smem_limit):
+@pytest.mark.parametrize("elt", [2, 4])
+def test_flash_autotuning_space_keeps_a_configuration(D, smem_limit, elt):
     """Every flash kernel keeps at least one configuration on GPUs with 99 KB (sm_86/89), 163 KB (sm_80) and
-    227 KB (sm_90) of shared memory per block, each within the limit by the module's model, safest first."""
+    227 KB (sm_90) of shared memory per block, each within the limit by the module's model, safest first, for
+    16-bit (elt = 2 bytes) and fp32 operands."""
     mod = mirasc.compile_spec(CASES["causal"])
     for name in mod._FLASH_KERNELS:
         def key(c):
             return c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages
 
-        kept = [key(c) for c in mod._flash_configs(name, D, D, smem_limit)]
+        kept = [key(c) for c in mod._flash_configs(name, D, D, smem_limit, elt)]
         assert kept, name
-        assert [c for c in map(key, mod._flash_configs(name, D, D, None)) if c in kept] == kept  # same order
+        assert [c for c in map(key, mod._flash_configs(name, D, D, None, elt)) if c in kept] == kept  # same order
         for bm, bn, _, stages in kept:
-            assert mod._flash_smem_estimate(name, bm, bn, D, D, stages) <= smem_limit
+            assert mod._flash_smem_estimate(name, bm, bn, D, D, stages, elt) <= smem_limit
 
 
 def test_no_triton_kernel_is_said_plainly():
@@ -108,3 +111,45 @@ def test_flash_op_compiles_without_graph_breaks():
     ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
     for a, b in zip(grads, ref_grads):
         assert rel(a, b) < 1e-6
+
+
+def softmax_reference(q, k, v, scale, causal=True, window=0):
+    """Token by token in float64: o_t = Σ_s exp(scale q_t·k_s) v_s / Σ_s exp(scale q_t·k_s) over the keys s the
+    mask shows (s <= t when causal, t − s < window when window > 0). q [B, T, H, Dk], k, v [B, T', H, D]."""
+    out = []
+    for t in range(q.shape[1]):
+        s = torch.arange(k.shape[1])
+        seen = (s <= t) & ((t - s < window) if window else True) if causal else torch.ones_like(s, dtype=torch.bool)
+        logits = scale * torch.einsum("bhd,bshd->bhs", q[:, t], k[:, seen])
+        out.append(torch.einsum("bhs,bshd->bhd", torch.softmax(logits, dim=-1), v[:, seen]))
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flash_bf16_operands_match_the_float64_reference(case):
+    """bf16 inputs take the kernels' 16-bit operand branch: q, k, v, dO enter the dots as loaded and P, dS are
+    rounded to bf16 before theirs, accumulation fp32. Against the float64 softmax of the same (bf16-rounded)
+    inputs, outputs and the gradients of q, k, v (T = 37: three 16-row tiles, the last partial). The error is
+    bf16's: P and dS rounded (the interpreter truncates fp32 -> bf16; a GPU rounds to nearest), the output and
+    the gradients stored in bf16 (measured: output 4.0e-3 to 4.7e-3, gradients 3.2e-3 to 4.9e-3, where rounding
+    the exact values to bf16 alone gives 1.6e-3). Under the interpreter the bf16 products are widened to fp32
+    (exact) because its tl.dot multiplies bf16 bit patterns (without that: errors of 1e9); _dot_options says so,
+    and that fp32 inputs get exact fp32 products."""
+    mod = mirasc.compile_spec(CASES[case])
+    assert mod._dot_options(torch.bfloat16) == {"PREC": "tf32", "WIDEN_": True}
+    assert mod._dot_options(torch.float32) == {"PREC": "ieee", "WIDEN_": False}  # exact fp32 products
+    g = torch.Generator().manual_seed(5)
+    B, T, H, Dk, Dv = 1, 37, 2, 16, 12
+    Tk = 21 if case == "cross" else T
+    leaves = [torch.randn(B, n, H, d, generator=g).to(torch.bfloat16).requires_grad_()
+              for n, d in ((T, Dk), (Tk, Dk), (Tk, Dv))]
+    o, _ = mod.apply(*leaves, backend="triton")
+    assert o.dtype == torch.bfloat16
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    ref = softmax_reference(*exact, mod._scale(Dk), causal=mod.CAUSAL, window=mod.WINDOW)
+    assert rel(o, ref) < 1e-2
+    do = torch.randn(o.shape, generator=g).to(torch.bfloat16)
+    grads = torch.autograd.grad((o * do).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref * do.double()).sum(), exact)
+    for name, a, b in zip("qkv", grads, ref_grads):
+        assert a.dtype == torch.bfloat16 and rel(a, b) < 1e-2, name

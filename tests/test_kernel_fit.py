@@ -4,7 +4,8 @@ under the interpreter. A representative set at the head size models train with (
 linear-memory kernels at the first (safest) and last (nearest the limits) configuration the resource
 model keeps, for bf16 and fp32 inputs, and the flash attention kernels. Each compiled configuration must
 fit the target's shared memory and compile in under 60 s; each chunked forward kernel must have a kept
-configuration that does not spill; so must the flash kernels on sm_80 (forward, dq; in bf16 dk/dv too).
+configuration that does not spill; so must the flash kernels on sm_80 (forward, dq; in bf16 dk/dv too), whose
+dots use the tensor cores with 16-bit inputs and never with fp32 ones (exact fp32 products, no TF32).
 The fused recurrent kernels of linear memories are tiled over V (BV < D) and their forward has a candidate
 without spills; a memory too large for one program is refused with its reason. The full table over every
 bundled spec is `benchmarks/kernel_table.py` (benchmarks/RESULTS.md). Titans' streamed mini-batch kernels
@@ -99,6 +100,9 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
         assert r["compile_s"] < 60, f"{where}: {r['compile_s']} s to compile"
         if algorithm == "recurrent":
             assert r["config"]["BV"] < dk, f"{where}: not tiled over V"
+    if spec in ("transformer", "forgetting_transformer"):  # the flash kernels' dots: 16-bit operands on the tensor
+        for r in rows:                                    # cores; fp32 exact (ieee) on FMA units, never TF32
+            assert r["tensor_cores"] == (dtype != "float32"), f"{r['kernel']} {r['config']}: tensor cores {dtype}"
     for name in no_spill:
         spills = [r["spill_bytes"] for r in rows if r["kernel"] == name and r["kept"] is not False]
         assert 0 in spills, f"{name}: every compiled configuration spills ({spills} B)"
