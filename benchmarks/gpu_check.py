@@ -48,6 +48,12 @@ SETTINGS = {  # name: (dtype, B, T, H, D, tolerance)
     "bf16": ("bfloat16", 2, 256, 4, 128, 5e-2),
 }
 SMOKE = {"fp32": ("float32", 1, 20, 1, 16, 1e-3)}
+# Checked first (a lease may cut the rest): the paths the 2026-12-04 H200 run failed or never reached, and what
+# changed after it (flash kernels, exact fp32 dots in the per-head chunk kernels, refusals); then the others.
+FIRST = ["transformer", "forgetting_transformer", "sliding_window", "gated_deltanet", "deltanet", "mamba2",
+         "linear_attention", "retnet", "memora", "based", "hedgehog", "titans", "ttt_linear", "ttt_mlp", "yaad",
+         "sparse_lp", "rwkv7", "precond_kda", "comba", "longhorn", "deltaproduct", "gated_deltaproduct",
+         "precond_gated_deltanet", "linear_attention_elu"]
 
 
 def emit(out_dir: Path, names: list[str] | None) -> None:
@@ -262,7 +268,8 @@ def main(argv=None) -> int:
         check_spec(args.one, SMOKE if args.smoke else SETTINGS, device)
         return 0
 
-    paths = sorted(args.emitted.glob("*.py"))
+    paths = sorted(args.emitted.glob("*.py"), key=lambda p: (p.stem not in FIRST, FIRST.index(p.stem)
+                                                             if p.stem in FIRST else 0, p.stem))
     if args.spec:
         paths = [args.emitted / f"{n}.py" for n in args.spec]
     start = time.perf_counter()
