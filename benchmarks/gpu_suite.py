@@ -22,6 +22,8 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * momentum_deltanet: the chunked Triton kernels (own scans over [W, S]) and the torch chunked path vs fla
     chunk_momentum_delta_rule with p = k (a cost peer: the gates are not mapped, θ = μ, η = β);
   * titans memory op at head size 32: the mini-batch Triton kernels vs the torch chunked path;
+  * moneta / memora / yaad (the Miras models) memory ops at head size 32: the chunked Triton path (chunk readouts
+    on the dual-form kernels; Yaad's mini-batch kernels) vs the torch chunked path (no peer implements them);
   * titans (MLP memory): mirasc Layer (chunked) vs titans-pytorch NeuralMemory.
 A case that fails prints its error and the suite goes on. Each row is printed when its case ends, and with --out the
 table so far is written to OUT.partial after every case (a call cut off by the device's time limit keeps them);
@@ -42,7 +44,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
-         "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet"]
+         "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet", "moneta", "memora", "yaad"]
 
 
 def emit(out_dir: Path) -> None:
@@ -336,6 +338,24 @@ def run(args) -> list:
           lambda: mod.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0], rows, device, tokens,
           peer=lambda: mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0],
           flops=B * H * (T // C) * per_chunk, nbytes=4 * B * T * H * Dm * q.element_size())
+
+    # -- the Miras models (MLP memories at heads of 32): Moneta and Memora read at chunk granularity (CONTRACT §7) on
+    # the dual-form kernels, Yaad on the mini-batch kernels; no peer implements them, so the torch chunked path is
+    # the comparison, as for Titans' op above
+    for name in ("moneta", "memora", "yaad"):
+        mod = mods[name]
+        qm, km, vm, _ = make_inputs(B, T, H, Dm, dtype, device)
+        g = torch.Generator(device="cpu").manual_seed(3)
+        lo_hi = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "delta": (0.2, 1.0)}
+        gm = {n: (lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0])  # channel-wise gates (CONTRACT §6) over their side
+                  * torch.rand(B, T, H, *((Dm,) if n in mod.GATE_CHANNELS else ()), generator=g)).to(device)
+              .requires_grad_(True) for n in mod.GATES}
+        timed(f"{name} memory op (D={Dm}, C={mod.MINIBATCH}): mirasc chunked (triton) vs mirasc torch chunked",
+              lambda mod=mod, qm=qm, km=km, vm=vm, gm=gm: mod.apply(qm, km, vm, gm, backend="triton",
+                                                                   algorithm="chunked")[0],
+              rows, device, tokens,
+              peer=lambda mod=mod, qm=qm, km=km, vm=vm, gm=gm: mod.apply(qm, km, vm, gm, backend="torch",
+                                                                        algorithm="chunked")[0])
 
     # -- Titans: MLP memory layer vs titans-pytorch
     mod = mods["titans"]

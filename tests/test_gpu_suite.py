@@ -27,7 +27,9 @@ def test_gpu_suite_smoke(tmp_path, capsys):
     assert "FAILED" not in table and "SKIPPED" not in table, table
     for case in ("flash (triton)", "gated_deltanet: mirasc chunked (triton)", "mamba2: mirasc chunked (triton)",
                  "deltanet: mirasc fused recurrent", "ttt_linear: mirasc chunked (triton)",
-                 "titans memory op", "titans layer", "momentum_deltanet: mirasc chunked (triton)"):
+                 "titans memory op", "titans layer", "momentum_deltanet: mirasc chunked (triton)",
+                 "gla: mirasc chunked (triton)", "kda: mirasc chunked (triton)", "moneta memory op", "memora memory op",
+                 "yaad memory op"):
         assert case in table, case
     # past the time budget no new case starts (and each is listed as skipped)
     out2 = tmp_path / "skipped.md"
