@@ -22,7 +22,7 @@ OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"
 END=${GPU_SESSION_END_S:-570}       # stop everything by then (the call's limit is 600 s)
 CHECK_S=${GPU_CHECK_S:-200}         # gpu_check: hard limit; no new spec after CHECK_S - 60 s, all killed at CHECK_S - 10 s
-SUITE_S=${GPU_SUITE_S:-170}         # gpu_suite: hard limit; it starts no new case after SUITE_S - 50 s
+SUITE_S=${GPU_SUITE_S:-170}         # gpu_suite: all groups together; a group starts no new case in its last 15 s
 exec > >(tee -a "$OUT/session.log") 2>&1
 log() { echo "[$SECONDS s] $*"; }
 
