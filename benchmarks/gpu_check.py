@@ -68,6 +68,7 @@ def emit(out_dir: Path, names: list[str] | None) -> None:
 
 
 def load(path: Path):
+    """An emitted module, loaded from its file (the GPU machine has no mirasc package)."""
     spec = importlib.util.spec_from_file_location(f"mirasc_emitted_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -280,7 +281,7 @@ def main(argv=None) -> int:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (interpreter)"
     header = (f"### gpu_check — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {device}, torch "
-              f"{torch.__version__}, triton {_triton_version()}")
+              f"{torch.__version__}, triton {triton_version()}")
 
     def write():
         text = table(records, header)
@@ -333,7 +334,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def _triton_version() -> str:
+def triton_version() -> str:
     try:
         import triton
 

@@ -33,7 +33,6 @@ at the end the table is appended to OUT and the .partial file removed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 import traceback
@@ -42,6 +41,11 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+# the sibling script's loader and version string
+from gpu_check import load as load_module  # noqa: E402, I001
+from gpu_check import triton_version  # noqa: E402
+
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
          "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet", "moneta", "memora", "yaad"]
@@ -57,10 +61,7 @@ def emit(out_dir: Path) -> None:
 
 
 def load(name: str, emit_dir: Path):
-    spec = importlib.util.spec_from_file_location(f"mirasc_{name}", emit_dir / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(emit_dir / f"{name}.py")
 
 
 def bench(fn, device) -> float:
@@ -380,7 +381,7 @@ def run(args) -> list:
 
 def table(rows, device_name) -> str:
     lines = [f"\n### mirasc GPU suite — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {device_name}, torch "
-             f"{torch.__version__}, triton {_triton_version()}\n",
+             f"{torch.__version__}, triton {triton_version()}\n",
              "| case | fwd ms | fwd+bwd ms | peer fwd ms | peer fwd+bwd ms | fwd+bwd tokens/s | speed vs peer "
              f"(fwd+bwd) | fwd TFLOP/s (% of {PEAK_TFLOPS:.0f}) | fwd+bwd TFLOP/s | fwd GB/s (% of {PEAK_TBS} TB/s) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -428,14 +429,6 @@ def main(argv=None) -> int:
         PARTIAL[0] = None
     return 0
 
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return "none"
 
 
 if __name__ == "__main__":

@@ -169,6 +169,21 @@ def random_state(mod, seed: int, batch: int = B, heads: int = H, dk: int = D, dv
     return state
 
 
+def linear_loss_grads(want_o, want_s, leaves, seed=11):
+    """grads(o, s): the gradients of every leaf under one fixed random linear loss on the output and each final-state
+    tensor (cotangents drawn once, from the reference's shapes, so every path is differentiated through the same
+    loss)."""
+    gen = torch.Generator().manual_seed(seed)
+    w_o = torch.randn(want_o.shape, generator=gen, dtype=f64)
+    w_s = {n: torch.randn(x.shape, generator=gen, dtype=f64) for n, x in want_s.items()}
+
+    def grads(o, s):
+        loss = (o * w_o).sum() + sum((s[n] * w_s[n]).sum() for n in w_s)
+        return torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+
+    return grads
+
+
 def _check(name, algorithm, seed=3):
     mod, cfg = module(name), CASES[name][1]
     q, k, v, gates = make_inputs(cfg, B, T, H, D, D, f64, seed=seed)
@@ -180,14 +195,7 @@ def _check(name, algorithm, seed=3):
     got_o, got_s = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm=algorithm)
     assert sorted(got_s) == sorted(want_s) == sorted(state)
     errs = {"o": rel(got_o, want_o), **{f"final:{n}": rel(got_s[n], want_s[n]) for n in want_s}}
-    gen = torch.Generator().manual_seed(11)
-    w_o = torch.randn(want_o.shape, generator=gen, dtype=f64)
-    w_s = {n: torch.randn(x.shape, generator=gen, dtype=f64) for n, x in want_s.items()}
-
-    def grads(o, s):
-        loss = (o * w_o).sum() + sum((s[n] * w_s[n]).sum() for n in w_s)
-        return torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-
+    grads = linear_loss_grads(want_o, want_s, leaves)
     for n, a, b in zip(leaves, grads(got_o, got_s), grads(want_o, want_s)):
         if b is None or b.abs().max() == 0:  # (e.g. the oldest window token after T > c steps: no influence)
             assert a is None or a.abs().max() < 1e-12, n

@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from reference import make_inputs, reference_apply, rel  # noqa: E402
-from test_omega_atlas import random_state  # noqa: E402 (a random state with a full Omega window)
+from test_omega_atlas import linear_loss_grads, random_state  # noqa: E402 (a random state with a full Omega window)
 
 mirasc = pytest.importorskip("mirasc")
 pytest.importorskip("triton")
@@ -122,14 +122,7 @@ def test_matches_reference_and_torch(name, algorithm):
     tor_o, tor_s = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
     assert sorted(got_s) == sorted(want_s) == sorted(state)
     assert any(n.startswith("win_") for n in got_s) == ("window" in mod.SPEC)
-    gen = torch.Generator().manual_seed(11)
-    w_o = torch.randn(want_o.shape, generator=gen, dtype=f64)
-    w_s = {n: torch.randn(x.shape, generator=gen, dtype=f64) for n, x in want_s.items()}
-
-    def grads(o, s):
-        loss = (o * w_o).sum() + sum((s[n] * w_s[n]).sum() for n in w_s)
-        return torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-
+    grads = linear_loss_grads(want_o, want_s, leaves)
     errs, errs_torch = {"o": rel(got_o, want_o)}, {"o": rel(got_o, tor_o)}
     for n in want_s:
         errs[f"final:{n}"], errs_torch[f"final:{n}"] = rel(got_s[n], want_s[n]), rel(got_s[n], tor_s[n])
