@@ -259,6 +259,18 @@ def _nonparametric(m: S.Nonparametric, r=None) -> list[str]:
     out = []
     if m.kernel == "softmax":
         out.append(f"kernel:     κ(u, k) = exp(scale·u·k), scale = {scale}")
+    elif m.kernel == "stickbreaking":
+        rng = "s<l<t" if not m.attend_current else "s<l≤t"
+        vis = "s<t" if not m.attend_current else "s≤t"
+        if m.window:
+            vis += f", t−s<{m.window}"
+        out.append(f"break:      β_ts = σ(scale·u_t·k_s), scale = {scale}   (the share of the stick pair s takes)")
+        out.append(f"read:       o_t = Σ_{{{vis}}} β_ts Π_{{{rng}}} (1 − β_tl) v_s   (stick-breaking: the newest pair "
+                   "breaks first; weights sum to ≤ 1, kept in log space)")
+        left = {"none": "dropped", "current": "+ r_t v_t (the query's own value)",
+                "bias": "+ r_t b_h (b learned per head, zero at init)"}[m.remainder]
+        out.append(f"remainder:  r_t = Π_{{{vis}}} (1 − β_ts) = 1 − Σ_s w_ts: {left}")
+        return out
     elif m.kernel == "additive":
         out.append("kernel:     κ(u, k) = exp(wᵀ tanh(W_q u + W_k k))   (Bahdanau; W_q, W_k ∈ ℝ^{Dk×Dk}, w ∈ ℝ^Dk "
                    "learned per head)")

@@ -90,10 +90,11 @@ class MLP(Form):
 
 
 class Nonparametric(Form):
-    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (docs/semantics.md)."""
+    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (docs/semantics.md); or, with
+    kernel=stickbreaking, the stick-breaking read o_t = Σ_s β_ts Π_{s<l<t}(1 − β_tl) v_s (Tan et al. 2024)."""
 
     kind: Literal["nonparametric"] = "nonparametric"
-    kernel: Literal["softmax", "additive", "poly"] = "softmax"
+    kernel: Literal["softmax", "additive", "poly", "stickbreaking"] = "softmax"
     scale: Annotated[float, Field(gt=0)] | None = None    # softmax/poly: κ uses scale·q·k; None: 1/sqrt(Dk)
     degree: Annotated[int, Field(ge=2, le=8)] = 2          # poly: Σ_{i<=degree} (scale q·k)^i / i! (even)
     window: Annotated[int, Field(ge=0)] = 0                # attend to the last `window` tokens (0: all)
@@ -104,6 +105,10 @@ class Nonparametric(Form):
     score_conv: tuple[Annotated[int, Field(ge=1, le=64)], Annotated[int, Field(ge=1, le=64)]] | None = None  # MTA
     head_mix: Annotated[int, Field(ge=1, le=256)] = 1      # MTA head-mixing group size (1: off)
     head_norm: bool = False                                # MTA per-head RMS norm with depth scaling
+    # stickbreaking only: where the stick left over, 1 − Σ_s w_ts, goes (nothing; the query's own value; a learned
+    # vector per head), and whether query t reads its own pair (false: the pairs stored before it, the paper's)
+    remainder: Literal["none", "current", "bias"] = "none"
+    attend_current: bool = False
 
 
 # ------------------------------------------------------------------------------------- bias
@@ -504,7 +509,8 @@ def form_text(form: Form) -> str:
     """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
     `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key`, a learner's `steps=1`, a bias's `window=1`/`gamma=1`
     (no Omega rule), a memory's `feature=identity` (with `degree`, which only `feature=poly` reads) and `linear`'s
-    `normalize`/`eps` at their defaults (§3), left out so that every spec written before them reads as before."""
+    `normalize`/`eps` at their defaults and a nonparametric memory's `remainder`/`attend_current` unless
+    kernel=stickbreaking (§3), left out so that every spec written before them reads as before."""
     args = [f"{p}={format_value(v)}" for p, v in form
             if p != "kind" and v is not None and not (p == "readout" and v == "token")
             and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)
@@ -512,7 +518,9 @@ def form_text(form: Form) -> str:
             and not (p == "feature" and v == "identity")
             and not (p == "degree" and form.kind in ("linear", "mlp") and form.feature != "poly")
             and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)
-            and not (form.kind == "precond" and form.transform == "rms" and p in PRECOND_ATK_PARAMS)]
+            and not (form.kind == "precond" and form.transform == "rms" and p in PRECOND_ATK_PARAMS)
+            and not (form.kind == "nonparametric" and form.kernel != "stickbreaking"
+                     and p in ("remainder", "attend_current"))]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -575,6 +583,24 @@ class Rejection(Exception):
         self.field, self.message, self.param = field, message, param
 
 
+def _check_stickbreaking(spec: Spec) -> None:
+    """The stick-breaking read (docs/semantics.md): its recency is in the read itself, ordered from the newest pair
+    back, so it needs causal order and takes no pair decay, hops or MemN2N/MTA options."""
+    m, r = spec.memory, spec.retention
+    if not m.causal:
+        raise Rejection("memory", "the stick breaks from the newest stored pair back, and with causal=false the memory "
+                        "has no order relative to the query; use causal=true", param="causal")
+    if r.kind != "none":
+        raise Rejection("retention", "stick-breaking already forgets: each newer pair takes its share of the stick "
+                        "first; a decay of pairs on top of it is not defined here: write `retention = none`")
+    if m.hops > 1:
+        raise Rejection("memory", "multi-hop reads refine the query with a normalised read; the stick-breaking read "
+                        "is not normalised: use hops=1", param="hops")
+    if m.temporal:
+        raise Rejection("memory", "temporal encoding adds to the softmax kernel's keys; the stick-breaking read has "
+                        "its own recency: drop temporal", param="temporal")
+
+
 def check_combination(spec: Spec) -> None:
     """Reject design combinations that have no defined meaning, each with its reason."""
     m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
@@ -606,6 +632,13 @@ def check_combination(spec: Spec) -> None:
         if m.window and not m.causal:
             raise Rejection("memory", "window=N is a causal sliding window; with causal=false the memory is a "
                             "whole other sequence: drop window or set causal=true", param="window")
+        if m.kernel != "stickbreaking" and (m.remainder != "none" or m.attend_current):
+            raise Rejection("memory", "remainder and attend_current belong to the stick-breaking read (a "
+                            "Nadaraya-Watson read's weights sum to 1 and always include the query's own pair); "
+                            "use kernel=stickbreaking or drop them",
+                            param="remainder" if m.remainder != "none" else "attend_current")
+        if m.kernel == "stickbreaking":
+            _check_stickbreaking(spec)
         if m.temporal and m.kernel != "softmax":
             raise Rejection("memory", "temporal encoding adds T_A to the keys inside the softmax kernel's dot "
                             "product; it needs kernel=softmax", param="temporal")

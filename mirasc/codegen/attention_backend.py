@@ -53,7 +53,8 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "SCALE": "None" if m.scale is None else repr(float(m.scale)), "WINDOW": str(m.window),
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
-        "NO_TRITON_REASON": reason.replace('"', "'"),
+        "NO_TRITON_REASON": reason.replace('"', "'"), "REMAINDER": repr(m.remainder),
+        "ATTEND_CURRENT": repr(m.attend_current),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
