@@ -15,10 +15,15 @@ from .torch_backend import layer_source, per_head_source, preprocess
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
+STICKBREAKING = (TEMPLATES / "stickbreaking_triton.py.tmpl").read_text()
 
 
 def triton_form(m: S.Nonparametric) -> tuple[bool, str]:
     """Whether the flash kernel computes this read exactly, or why not."""
+    if m.kernel == "stickbreaking":
+        if m.head_norm:
+            return False, "the per-head output norm runs on the torch path"
+        return True, ""
     if m.kernel != "softmax":
         return False, f"the {m.kernel} kernel runs on the torch path (query-blocked, memory O(block x T))"
     if m.hops > 1 or m.temporal or m.score_conv is not None or m.head_mix > 1 or m.head_norm:
@@ -41,10 +46,14 @@ def emit(spec: S.Spec, d: Derivation) -> str:
     has_triton, reason = triton_form(m)
     eqs = "\n".join("    " + line for line in equations(spec, d))
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
-    triton_line = ("backend='triton' = a flash-style kernel (online softmax, tiled), forward and backward"
-                   if has_triton else f"no Triton kernel: {reason}")
+    flash = ("flash-style kernels (key tiles newest first, the stick carried per row)" if m.kernel == "stickbreaking"
+             else "a flash-style kernel (online softmax, tiled)")
+    triton_line = (f"backend='triton' = {flash}, forward and backward" if has_triton
+                   else f"no Triton kernel: {reason}")
+    read = ("the stick-breaking read (Tan et al. 2024)" if m.kernel == "stickbreaking"
+            else "Miras: the l2 bias solved by Nadaraya–Watson")
     doc = (f'"""mirasc-generated memory `{spec.name}` — standalone: imports only torch (and triton if present).\n\n'
-           f"Spec:\n\n{spec_text}\n\nNonparametric memory (Miras: the l2 bias solved by Nadaraya–Watson):\n\n{eqs}\n\n"
+           f"Spec:\n\n{spec_text}\n\nNonparametric memory ({read}):\n\n{eqs}\n\n"
            "Algorithms: recurrent = one query at a time over the growing cache (reference); chunked = blocks of\n"
            f"queries against the whole cache (scores bounded to block x T); {triton_line}.\n"
            '"""\n')
@@ -59,9 +68,11 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
     body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay",
-                                 "per_head": bool(spec.per_head())})
+                                 "per_head": bool(spec.per_head()), "stickbreaking": m.kernel == "stickbreaking"})
     if has_triton:
-        body += TRITON
+        body += preprocess(TRITON, {"softmax": m.kernel == "softmax"})
+        if m.kernel == "stickbreaking":
+            body += STICKBREAKING
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     return doc + "\n" + body + layer_source(spec, d)
