@@ -36,11 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ["linear_attention", "deltanet", "gated_deltanet", "gla", "kda", "hgrn2", "titans", "moneta", "yaad", "memora",
          "transformer", "forgetting_transformer", "huber_kl_momentum", "sparse_lp", "hyperbolic_mirror", "ttt_mlp",
-         "rwkv7", "comba"]
+         "rwkv7", "comba", "stickbreaking"]
 DISPLAY = {"linear_attention": "Linear attention", "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet",
            "gla": "GLA", "kda": "KDA", "rwkv7": "RWKV-7", "comba": "Comba", "hgrn2": "HGRN2-like", "ttt_mlp": "TTT-MLP",
            "titans": "Titans", "moneta": "Moneta", "yaad": "Yaad", "memora": "Memora",
            "transformer": "Softmax attention", "forgetting_transformer": "Forgetting Transformer (FoX)",
+           "stickbreaking": "Stick-breaking attention",
            "huber_kl_momentum": "huber_kl_momentum (new)",
            "sparse_lp": "sparse_lp (new)", "hyperbolic_mirror": "hyperbolic_mirror (new)"}
 
