@@ -57,7 +57,7 @@ grep -E "^cases|^not started| FAIL | WRONG " "$OUT/gpu_check.md" "$OUT/gpu_check
 
 log "gpu_suite, a process per group (a sticky CUDA error costs one group)"
 SUITE_END=$((SECONDS + SUITE_S))
-for group in "transformer: sliding_window: forgetting_transformer:" "gated_deltanet: deltanet: mamba2:" "gla: kda:" \
+for group in "transformer: sliding_window: forgetting_transformer: stickbreaking:" "gated_deltanet: deltanet: mamba2:" "gla: kda:" \
              "rwkv7: comba: momentum_deltanet:" "ttt_linear: titans moneta memora yaad"; do
     left=$((SUITE_END - SECONDS))
     [ "$left" -lt 20 ] && { log "no time for: $group"; continue; }

@@ -47,7 +47,7 @@ from gpu_check import load as load_module  # noqa: E402, I001
 from gpu_check import triton_version  # noqa: E402
 
 EMIT_DIR = HERE / "emitted"
-SPECS = ["transformer", "sliding_window", "forgetting_transformer", "gated_deltanet", "deltanet", "mamba2",
+SPECS = ["transformer", "sliding_window", "forgetting_transformer", "stickbreaking", "gated_deltanet", "deltanet", "mamba2",
          "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet", "moneta", "memora", "yaad"]
 
 
@@ -195,6 +195,23 @@ def run(args) -> list:
             pass
     timed("forgetting_transformer: mirasc flash (triton) vs FLA parallel_forgetting_attn",
           lambda: mods["forgetting_transformer"].apply(q, k, v, gs, backend="triton")[0], rows, device, tokens,
+          peer=peer, flops=flops_attention(B, H, T, D), nbytes=4 * B * T * H * D * q.element_size())
+
+    # -- stick-breaking attention: its own flash kernels (newest key tile first), vs FLA's parallel kernel; both
+    # with the remainder on the query's own value (FLA returns it apart: o + rem·v, the authors' reference)
+    q, k, v, _ = make_inputs(B, T, H, D, dtype, device)
+    peer = None
+    if not smoke:
+        try:
+            from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
+
+            def peer(q=q, k=k, v=v):
+                o, rem = parallel_stickbreaking_attn(q, k, v)
+                return o + rem[..., None].to(o.dtype) * v
+        except ImportError:
+            pass
+    timed("stickbreaking: mirasc flash (triton) vs FLA parallel_stickbreaking_attn",
+          lambda: mods["stickbreaking"].apply(q, k, v, backend="triton")[0], rows, device, tokens,
           peer=peer, flops=flops_attention(B, H, T, D), nbytes=4 * B * T * H * D * q.element_size())
 
     # -- linear-memory families vs flash-linear-attention
