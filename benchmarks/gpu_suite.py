@@ -48,7 +48,8 @@ from gpu_check import triton_version  # noqa: E402
 
 EMIT_DIR = HERE / "emitted"
 SPECS = ["transformer", "sliding_window", "forgetting_transformer", "stickbreaking", "gated_deltanet", "deltanet",
-         "mamba2", "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet", "moneta", "memora", "yaad"]
+         "mamba2", "gla", "kda", "ttt_linear", "titans", "rwkv7", "comba", "momentum_deltanet", "moneta", "memora",
+         "yaad"]
 
 
 def emit(out_dir: Path) -> None:
