@@ -44,6 +44,10 @@ CASES = [
     # the same flash kernels with the Forgetting Transformer's decay bias and forget-gate gradient (the safest dq
     # configuration spills 8 B with the decay on sm_90, a spill-free dq is inside the space: benchmarks/RESULTS.md)
     ("forgetting_transformer", "sm_90", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv"}),
+    # stick-breaking's own flash kernels (fixed tiles per dtype and head size): none spills in 16 bits, at
+    # D = 128 on sm_90 and sm_80 and at D = 256 (forward and dq at BM = 32 there)
+    ("stickbreaking", "sm_90", 128, "bfloat16", None, {"_sb_fwd", "_sb_bwd_dq", "_sb_bwd_dkdv"}),
+    ("stickbreaking", "sm_80", 256, "bfloat16", None, {"_sb_fwd", "_sb_bwd_dq", "_sb_bwd_dkdv"}),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
     ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
     ("sparse_lp", "sm_80", 128, "float32", "recurrent", {"_fused_recurrent_fwd"}),
@@ -100,8 +104,9 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
         assert r["compile_s"] < 60, f"{where}: {r['compile_s']} s to compile"
         if algorithm == "recurrent":
             assert r["config"]["BV"] < dk, f"{where}: not tiled over V"
-    if spec in ("transformer", "forgetting_transformer"):  # the flash kernels' dots: 16-bit operands on the tensor
-        for r in rows:                                    # cores; fp32 exact (ieee) on FMA units, never TF32
+    if spec in ("transformer", "forgetting_transformer", "stickbreaking"):
+        # the flash kernels' dots: 16-bit operands on the tensor cores; fp32 exact (ieee) on FMA units, never TF32
+        for r in rows:
             assert r["tensor_cores"] == (dtype != "float32"), f"{r['kernel']} {r['config']}: tensor cores {dtype}"
     for name in no_spill:
         spills = [r["spill_bytes"] for r in rows if r["kernel"] == name and r["kept"] is not False]
