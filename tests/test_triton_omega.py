@@ -275,3 +275,28 @@ def test_channel_wise_window_coefficient_still_refused():
                                            "channel-wise delta"):
         mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")
     assert mod.apply(q, k, v, gates, backend="torch", algorithm="chunked")[0].shape == v.shape
+
+
+def test_window_tile_beyond_a_gpu_is_refused_or_recurrent(monkeypatch):
+    """On a GPU the mini-batch kernels fit chunk tiles of up to 64 rows; omega_yaad as written (minibatch(64), c = 4)
+    is 256 rows. There algorithm='chunked' refuses with the reason and the ways out, algorithm='auto' runs the fused
+    recurrent kernel, and backend='auto' keeps torch; the CPU interpreter runs any tile (the test above). The
+    dispatch is checked here with the GPU predicate forced (no GPU in the tests)."""
+    mod = mb_module("omega_yaad")
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert mod._mb_window_fits(64, cpu) and not mod._mb_window_fits(64, gpu)
+    assert mod._mb_window_fits(16, gpu) and not mod._mb_window_fits(17, gpu)  # (C·c <= 64 rows)
+    assert not mod._minibatch_fits(64, 64)
+    monkeypatch.setattr(mod, "_mb_window_fits", lambda chunk, device: False)
+    calls = []
+    recurrent, kernels = mod._recurrent_triton, mod._minibatch_triton
+    monkeypatch.setattr(mod, "_recurrent_triton", lambda *a: calls.append("recurrent") or recurrent(*a))
+    monkeypatch.setattr(mod, "_minibatch_triton", lambda *a, **kw: calls.append("minibatch") or kernels(*a, **kw))
+    cfg = MB_CASES["omega_yaad"][1]
+    q, k, v, gates = make_inputs(cfg, 1, 3, 1, 4, 4, f64, seed=1)
+    with pytest.raises(RuntimeError, match=r"one chunk tile of 64·4 rows \(padded to 256\).*minibatch\(C\) for "
+                                           r"C <= 16"):
+        mod.apply(q, k, v, gates, backend="triton", algorithm="chunked")
+    o, _ = mod.apply(q, k, v, gates, backend="triton")
+    assert calls == ["recurrent"]
+    assert rel(o, mod.apply(q, k, v, gates, backend="torch", algorithm="recurrent")[0]) < 1e-5
