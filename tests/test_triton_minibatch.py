@@ -99,9 +99,10 @@ def test_which_specs_have_minibatch_kernels():
     """Every mini-batch spec whose retention keeps the weights linear in the accumulated updates;
     Moneta and Memora with per-token readouts (lq, kl) read through a nonlinear map and keep the recurrent
     kernel. Their chunk-readout forms (CONTRACT §7) run each chunk on the kernels of their decay form, one launch
-    per chunk (tests/test_triton_chunk_readout.py)."""
+    per chunk (tests/test_triton_chunk_readout.py). omega_yaad's Omega window runs on them as c kernel rows per
+    token (tests/test_triton_omega.py)."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras") if hasattr(mirasc.compile_spec(p), "_minibatch_triton"))
-    assert have == sorted(MINIBATCH_SPECS + ["memora", "moneta"])
+    assert have == sorted(MINIBATCH_SPECS + ["memora", "moneta", "omega_yaad"])
     mod = compile_named("memora_token")
     q, k, v, gates, state = inputs(mod, 1, 4, 1, 4, 4)
     with pytest.raises(RuntimeError, match="no chunked Triton kernel"):

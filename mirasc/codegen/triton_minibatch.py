@@ -32,6 +32,11 @@ Channel-wise coefficients (CONTRACT §6): `lr=gate(v)` (`lr=gate(k)` on a linear
 η ⊙ k; `delta` is the Huber threshold), so the kernels load them as [C, n] token tiles like k and v and
 take their cotangents from `ir.vjp(memory_grad)` with them as vector inputs; the per-head η of the
 preparation is then 1. A channel-wise α or θ would make K one [C, C] matrix per channel: refused.
+The Omega rule (window=c) runs on these kernels unchanged: the module's _on_chunk_kernels presents token t as c
+kernel rows (row j: window token t − c + 1 + j with rate η_t γ_i; α_t and θ_t on row 0, q_t on row c − 1), so a
+mini-batch of C tokens is one kernel chunk of C·c rows and every window token's factors are taken at its anchor,
+previous mini-batch's included; with momentum the preparation adds S to W on a step's last row only (S_t then
+sums the step's c rows). A channel-wise coefficient inside the window is refused by the module (triton_backend).
 A chunk is one tile of BC = max(16, next_pow2(C)) rows (tl.dot's minimum is 16): the torch glue pads
 each chunk with BC - C rows whose K rows and columns, γ, b and chunk-end weights are zero, so any C works
 and padded rows change nothing (their outputs are dropped).
@@ -64,9 +69,6 @@ def minibatch_reason(spec: S.Spec) -> str | None:
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):
         return f"the {l.kind} learner"
-    if spec.window > 1:
-        return (f"the Omega rule (window={spec.window}): the mini-batch tiles take one token's gradient per step "
-                "(the fused recurrent kernel takes the window)")
     decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
     if decays:
         return (f"a channel-wise {' and '.join(decays)} makes the chunk's decay products one [C, C] matrix per "
