@@ -44,8 +44,8 @@ CASES = [
     # the same flash kernels with the Forgetting Transformer's decay bias and forget-gate gradient (the safest dq
     # configuration spills 8 B with the decay on sm_90, a spill-free dq is inside the space: benchmarks/RESULTS.md)
     ("forgetting_transformer", "sm_90", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv"}),
-    # stick-breaking's own flash kernels (fixed tiles per dtype and head size): none spills in 16 bits, at
-    # D = 128 on sm_90 and sm_80 and at D = 256 (forward and dq at BM = 32 there)
+    # stick-breaking's own flash kernels (fixed tiles per dtype, head size and GPU): none spills in 16 bits, at
+    # D = 128 on sm_90 (key tiles of 64 in the backward) and at D = 256 on sm_80 (32 x 32 tiles)
     ("stickbreaking", "sm_90", 128, "bfloat16", None, {"_sb_fwd", "_sb_bwd_dq", "_sb_bwd_dkdv"}),
     ("stickbreaking", "sm_80", 256, "bfloat16", None, {"_sb_fwd", "_sb_bwd_dq", "_sb_bwd_dkdv"}),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
