@@ -217,6 +217,26 @@ def test_triton_crosses_larger_tiles():
         assert rel(a, b) < 4e-5
 
 
+def test_auto_backend_continues_a_cache_on_torch(monkeypatch):
+    """backend='auto' takes the Triton kernels where they apply (here: _triton_ok forced true, the interpreter runs
+    them) and continues a non-empty cache on the torch path instead of refusing; backend='triton' refuses it."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(SB)
+    q, k, v = (t.float() for t in inputs(B=1, T=20, Dk=8, Dv=8, seed=6))
+    monkeypatch.setattr(mod, "_triton_ok", lambda x: True)
+    launched = []
+    real = mod._stickbreaking_attention
+    monkeypatch.setattr(mod, "_stickbreaking_attention", lambda *a: launched.append(1) or real(*a))
+    full, _ = mod.apply(q, k, v)
+    assert launched == [1]
+    a, cache = mod.apply(q[:, :9], k[:, :9], v[:, :9])
+    b, _ = mod.apply(q[:, 9:], k[:, 9:], v[:, 9:], state=cache)
+    assert launched == [1, 1]  # the continuation ran on torch
+    assert rel(torch.cat([a, b], 1), full) < 1e-5
+    with pytest.raises(ValueError, match="empty cache"):
+        mod.apply(q[:, 9:], k[:, 9:], v[:, 9:], state=cache, backend="triton")
+
+
 def test_flash_op_compiles_without_graph_breaks():
     pytest.importorskip("triton")
     mod = mirasc.compile_spec(SB)
