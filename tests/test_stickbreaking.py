@@ -217,6 +217,34 @@ def test_triton_crosses_larger_tiles():
         assert rel(a, b) < 4e-5
 
 
+@pytest.mark.parametrize("memory", ["kernel=stickbreaking, remainder=current",
+                                    "kernel=stickbreaking, attend_current=true, window=5, remainder=bias"])
+def test_triton_packed_sequences_in_one_launch(memory, monkeypatch):
+    """cu_seqlens on the Triton path: one call of the kernels over all sequences (their varlen grid), an empty
+    sequence among them; outputs, gradients and each sequence's cache equal the per-sequence torch calls."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(spec(memory))
+    bounds = [0, 17, 17, 20, 45]
+    q, k, v = inputs(B=1, T=45, H=2, Dk=16, Dv=16, seed=7)
+    params = {n: torch.randn(2, 16, dtype=D64) for n in mod.PARAM_NAMES}
+    calls = []
+    real = mod._stickbreaking_attention
+    monkeypatch.setattr(mod, "_stickbreaking_attention", lambda *a: calls.append(a[-1]) or real(*a))
+    leaves = tuple(t.float().requires_grad_() for t in (q, k, v))
+    o, caches = mod.apply(*leaves, params={n: p.float() for n, p in params.items()}, backend="triton",
+                          cu_seqlens=torch.tensor(bounds))
+    assert calls == [bounds]
+    exact = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    ref, ref_caches = mod.apply(*exact, params=params, backend="torch", cu_seqlens=torch.tensor(bounds))
+    assert rel(o, ref) < 1e-5
+    for a, b in zip(grads(o, leaves), grads(ref, exact)):
+        assert rel(a, b) < 4e-5
+    for mine, theirs in zip(caches, ref_caches):
+        assert mine["K"].shape == theirs["K"].shape and mine["start"] == theirs.get("start", 0)
+        if theirs["K"].numel():
+            assert rel(mine["V"], theirs["V"]) < 1e-6
+
+
 def test_auto_backend_continues_a_cache_on_torch(monkeypatch):
     """backend='auto' takes the Triton kernels where they apply (here: _triton_ok forced true, the interpreter runs
     them) and continues a non-empty cache on the torch path instead of refusing; backend='triton' refuses it."""
