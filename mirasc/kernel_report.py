@@ -143,6 +143,7 @@ def _signature(fn, bound: dict, backend=None):
         v = bound.get(p.name, p.default if p.has_default else None)
         if p.is_constexpr:
             sig[p.name], const[p.name] = "constexpr", v
+            attrs[(i,)] = backend.parse_attr("")  # as the JIT's (empty) attributes of a constexpr
             continue
         specialize, align = not p.do_not_specialize, not p.do_not_specialize_on_alignment
         try:
@@ -156,7 +157,7 @@ def _signature(fn, bound: dict, backend=None):
             if annotated == "u1" or annotated[:2] in ("fp", "bf"):
                 spec = None
         if ty == "constexpr":
-            sig[p.name], const[p.name] = "constexpr", spec
+            sig[p.name], const[p.name], attrs[(i,)] = "constexpr", spec, backend.parse_attr("")
             if spec == 1 and not isinstance(spec, bool):
                 hints["equal_to_1"].append(p.name)
             continue
@@ -166,6 +167,20 @@ def _signature(fn, bound: dict, backend=None):
             if ["tt.divisibility", 16] in attrs[(i,)]:
                 hints["divisible_by_16"].append(p.name)
     return sig, const, attrs, hints
+
+
+def compile_launch(fn, bound: dict, target="sm_90", options=None, *, _specialized=None):
+    """Compile the launch of the JITFunction `fn` with the arguments `bound` (parameter name -> value, the
+    constexprs among them) for `target` as a GPU's JIT would: the launch's specialization (`_signature`)
+    applied. Returns the compiled kernel (`asm["ttir"|"ttgir"|"ptx"|"cubin"]`, `metadata`)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    gpu = GPUTarget("cuda", TARGETS[target][0], 32)
+    sig, const, attrs = _specialized or _signature(fn, bound, make_backend(gpu))[:3]
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=gpu,
+                          options=dict(options or {}))
 
 
 def _autotune_tables(module) -> dict:
@@ -186,9 +201,8 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("mirasc kernels compiles for a GPU: unset TRITON_INTERPRET before triton is imported")
     import torch
-    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
+    from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction
 
     from .compiler import compile_spec
@@ -214,8 +228,7 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
         row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=direction[0], specialized=hints)
         t0 = _cpu_seconds()
         try:
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=gpu,
-                               options=options)
+            k = compile_launch(fn, bound, target, options, _specialized=(sig, const, attrs))
             row.registers, row.spill_bytes = _cubin_resources(k.asm["cubin"])
             row.shared_bytes = int(k.metadata.shared)
             row.ok = True
