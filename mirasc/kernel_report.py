@@ -6,9 +6,17 @@ with which argument types and constants matters) and compiled ahead of time with
 `GPUTarget("cuda", arch, 32)`, once per configuration a GPU could run it with: the section's autotuning
 space (`*_AUTOTUNE` tables of the emitted module: kernel name -> space(args, smem_limit) -> configs)
 without pruning, so the report also shows what the resource model rejects, or, for kernels that are not
-autotuned, the configuration launched. The cubin's registers and spill stack come from the `cuobjdump`
-that ships with Triton; shared memory from the compiled kernel's metadata; tensor-core use from the PTX
-(`wgmma` on sm_90, `mma.sync` on sm_80).
+autotuned, the configuration launched. Each is compiled as a GPU's JIT would compile that launch: with
+the launch's specialization (`triton._C.libtriton.native_specialize_impl`, the function `JITFunction.run` calls, or the
+same rule reimplemented on a Triton before 3.5), from the intercepted arguments' actual values, honouring the
+kernel's `do_not_specialize` and `do_not_specialize_on_alignment`: `tt.divisibility = 16` on every pointer
+whose address and every integer whose value is divisible by 16, integers equal to 1 compiled as constants
+(floats and bools are not specialized). CPU tensors are 64-byte aligned like CUDA's (256 B), and the
+module's views (offsets, strides) are the same on both, so the attributes are those a GPU launch gets and
+the report is deterministic. Each row records them (`specialized`: "divisible_by_16", "equal_to_1").
+Without them the cubins differ (vectorised loads, pipelining, registers, spills, shared memory).
+The cubin's registers and spill stack come from the `cuobjdump` that ships with Triton; shared memory
+from the compiled kernel's metadata; tensor-core use from the PTX (`wgmma` on sm_90, `mma.sync` on sm_80).
 
 A row "fits" when its shared memory is within the target's per-block limit and nothing failed to
 compile. `kept` says whether the module's resource model would let a GPU of that target launch it.
