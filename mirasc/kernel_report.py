@@ -6,9 +6,17 @@ with which argument types and constants matters) and compiled ahead of time with
 `GPUTarget("cuda", arch, 32)`, once per configuration a GPU could run it with: the section's autotuning
 space (`*_AUTOTUNE` tables of the emitted module: kernel name -> space(args, smem_limit) -> configs)
 without pruning, so the report also shows what the resource model rejects, or, for kernels that are not
-autotuned, the configuration launched. The cubin's registers and spill stack come from the `cuobjdump`
-that ships with Triton; shared memory from the compiled kernel's metadata; tensor-core use from the PTX
-(`wgmma` on sm_90, `mma.sync` on sm_80).
+autotuned, the configuration launched. Each is compiled as a GPU's JIT would compile that launch: with
+the launch's specialization (`triton._C.libtriton.native_specialize_impl`, the function `JITFunction.run` calls, or the
+same rule reimplemented on a Triton before 3.5), from the intercepted arguments' actual values, honouring the
+kernel's `do_not_specialize` and `do_not_specialize_on_alignment`: `tt.divisibility = 16` on every pointer
+whose address and every integer whose value is divisible by 16, integers equal to 1 compiled as constants
+(floats and bools are not specialized). CPU tensors are 64-byte aligned like CUDA's (256 B), and the
+module's views (offsets, strides) are the same on both, so the attributes are those a GPU launch gets and
+the report is deterministic. Each row records them (`specialized`: "divisible_by_16", "equal_to_1").
+Without them the cubins differ (vectorised loads, pipelining, registers, spills, shared memory).
+The cubin's registers and spill stack come from the `cuobjdump` that ships with Triton; shared memory
+from the compiled kernel's metadata; tensor-core use from the PTX (`wgmma` on sm_90, `mma.sync` on sm_80).
 
 A row "fits" when its shared memory is within the target's per-block limit and nothing failed to
 compile. `kept` says whether the module's resource model would let a GPU of that target launch it.
@@ -22,7 +30,7 @@ import re
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 # Per-block shared memory a kernel may opt into, by target (bytes); the register file is 64K 32-bit
 # registers per SM on all of them (255 per thread at most).
@@ -49,6 +57,9 @@ class Row:
     compile_s: float = 0.0  # CPU seconds (this process and ptxas), so a busy machine does not inflate them
     error: str = ""
     direction: str = "fwd"
+    # the launch's specialization the compile applied, as the JIT would: arguments given tt.divisibility 16
+    # (pointers whose address, integers whose value is divisible by 16) and integers equal to 1 (constants)
+    specialized: dict = field(default_factory=dict)
 
 
 
@@ -81,27 +92,103 @@ def _cubin_resources(cubin: bytes) -> tuple[int, int]:
     return largest("REG"), largest("STACK")
 
 
-def _signature(fn, bound: dict):
+_TORCH_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int32": "i32",
+                "int64": "i64", "bool": "u1", "uint8": "u8", "int8": "i8"}
+
+
+def _specialize_rule(arg, is_const: bool, specialize: bool, align: bool):
+    """(type, specialization) of one non-constexpr argument by the rule of Triton's JIT (3.5 on,
+    `native_specialize_impl` with the base backend's `get_int_specialization`/`get_tensor_specialization`),
+    for a Triton without that native function: a tensor is a pointer `*dtype` ("D" when its address is
+    divisible by 16); an integer is i32/i64/u64 by range, the constant 1 when it equals 1, "D" when it is
+    divisible by 16; bools and floats are not specialized (None). `specialize=False` (do_not_specialize)
+    gives None, `align=False` (do_not_specialize_on_alignment) "" where "D" would be."""
     import torch
 
-    types = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-             torch.int32: "i32", torch.int64: "i64", torch.bool: "i1", torch.uint8: "u8", torch.int8: "i8"}
-    sig, const = {}, {}
-    for p in fn.params:
+    if isinstance(arg, torch.Tensor):
+        ty = ("*k" if is_const else "*") + _TORCH_TYPES[str(arg.dtype).removeprefix("torch.")]
+        return ty, (("D" if align and arg.data_ptr() % 16 == 0 else "") if specialize else None)
+    if isinstance(arg, bool):
+        return "u1", None
+    if isinstance(arg, int):
+        ty = "i32" if -2**31 <= arg < 2**31 else "i64" if -2**63 <= arg < 2**63 else "u64"
+        if not specialize:
+            return ty, None
+        if arg == 1:
+            return "constexpr", 1
+        return ty, ("D" if align and arg % 16 == 0 else "")
+    if isinstance(arg, float):
+        return "fp32", None
+    if arg is None:
+        return "constexpr", None
+    raise TypeError(f"argument of type {type(arg).__name__}")
+
+
+def _specialize_impl():
+    """Triton's own per-argument specialization of a launch (the function `JITFunction.run` calls), or the
+    same rule reimplemented (`_specialize_rule`) on a Triton before 3.5 that does not export it."""
+    try:
+        from triton._C.libtriton import native_specialize_impl
+    except ImportError:
+        return None
+    return native_specialize_impl
+
+
+def _signature(fn, bound: dict, backend=None):
+    """What `JITFunction.run` would compile for a launch of `fn` with the arguments `bound`: the signature,
+    the constexprs (the declared ones and integer arguments equal to 1) and the attributes (`tt.divisibility`
+    16 on pointers whose address and integers whose value is divisible by 16), built by the JIT's own
+    specialization function with the kernel's `do_not_specialize` and `do_not_specialize_on_alignment`.
+    Returns (signature, constexprs, attrs keyed by the argument's path (index,), hints: {"divisible_by_16":
+    names, "equal_to_1": names})."""
+    from triton.backends.compiler import BaseBackend
+
+    native = _specialize_impl()
+    backend = backend or BaseBackend
+    sig, const, attrs = {}, {}, {}
+    hints = {"divisible_by_16": [], "equal_to_1": []}
+    for i, p in enumerate(fn.params):
         v = bound.get(p.name, p.default if p.has_default else None)
-        if p.is_constexpr or v is None:
+        if p.is_constexpr:
             sig[p.name], const[p.name] = "constexpr", v
-        elif isinstance(v, torch.Tensor):
-            sig[p.name] = "*" + types[v.dtype]
-        elif isinstance(v, bool):
-            sig[p.name] = "i1"
-        elif isinstance(v, int):
-            sig[p.name] = "i32" if -2**31 <= v < 2**31 else "i64"
-        elif isinstance(v, float):
-            sig[p.name] = "fp32"
-        else:
-            raise TypeError(f"{fn.fn.__name__}: argument {p.name} of type {type(v).__name__}")
-    return sig, const
+            attrs[(i,)] = backend.parse_attr("")  # as the JIT's (empty) attributes of a constexpr
+            continue
+        specialize, align = not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        try:
+            ty, spec = (native(backend, v, getattr(p, "is_const", False), specialize, align) if native is not None
+                        else _specialize_rule(v, getattr(p, "is_const", False), specialize, align))
+        except (TypeError, KeyError):
+            raise TypeError(f"{fn.fn.__name__}: argument {p.name} of type {type(v).__name__}") from None
+        annotated = getattr(p, "annotation_type", None)
+        if isinstance(annotated, str) and annotated:  # an annotated type replaces the argument's own; the JIT
+            ty = annotated                            # does not specialize non-constexpr floats and bools
+            if annotated == "u1" or annotated[:2] in ("fp", "bf"):
+                spec = None
+        if ty == "constexpr":
+            sig[p.name], const[p.name], attrs[(i,)] = "constexpr", spec, backend.parse_attr("")
+            if spec == 1 and not isinstance(spec, bool):
+                hints["equal_to_1"].append(p.name)
+            continue
+        sig[p.name] = ty
+        if isinstance(spec, str):
+            attrs[(i,)] = backend.parse_attr(spec)
+            if ["tt.divisibility", 16] in attrs[(i,)]:
+                hints["divisible_by_16"].append(p.name)
+    return sig, const, attrs, hints
+
+
+def compile_launch(fn, bound: dict, target="sm_90", options=None, *, _specialized=None):
+    """Compile the launch of the JITFunction `fn` with the arguments `bound` (parameter name -> value, the
+    constexprs among them) for `target` as a GPU's JIT would: the launch's specialization (`_signature`)
+    applied. Returns the compiled kernel (`asm["ttir"|"ttgir"|"ptx"|"cubin"]`, `metadata`)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+
+    gpu = GPUTarget("cuda", TARGETS[target][0], 32)
+    sig, const, attrs = _specialized or _signature(fn, bound, make_backend(gpu))[:3]
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs), target=gpu,
+                          options=dict(options or {}))
 
 
 def _autotune_tables(module) -> dict:
@@ -122,15 +209,15 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("mirasc kernels compiles for a GPU: unset TRITON_INTERPRET before triton is imported")
     import torch
-    import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction
 
     from .compiler import compile_spec
 
     arch, smem_limit = TARGETS[target]
     gpu = GPUTarget("cuda", arch, 32)
+    backend = make_backend(gpu)  # the backend whose specialization a launch on that GPU applies
     module = compile_spec(spec)
     if hasattr(module, "FIT_SMEM_LIMIT"):  # the chunk kernels refuse on the CPU what a GPU of `target` would refuse
         module.FIT_SMEM_LIMIT = smem_limit
@@ -140,16 +227,16 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     direction = ["fwd"]
 
     def compile_one(fn, bound, options, config_label, kept):
-        sig, const = _signature(fn, bound)
+        sig, const, attrs, hints = _signature(fn, bound, backend)
         key = (fn.fn.__name__, json.dumps(sig, sort_keys=True), repr(sorted(const.items(), key=str)),
-               repr(sorted(options.items())))
+               repr(sorted(attrs.items())), repr(sorted(options.items())))
         if key in seen:
             return
         seen.add(key)
-        row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=direction[0])
+        row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=direction[0], specialized=hints)
         t0 = _cpu_seconds()
         try:
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=gpu, options=options)
+            k = compile_launch(fn, bound, target, options, _specialized=(sig, const, attrs))
             row.registers, row.spill_bytes = _cubin_resources(k.asm["cubin"])
             row.shared_bytes = int(k.metadata.shared)
             row.ok = True
@@ -262,7 +349,7 @@ def summarize(rows: list[Row]) -> list[dict]:
 
 def format_rows(rows: list[Row]) -> str:
     lines = [f"{'kernel':<28} {'dir':<4} {'config':<42} {'kept':<5} {'regs':>4} {'spill':>6} {'smem KB':>8} "
-             f"{'fits':<5} {'TC':<3} {'compile s':>9}"]
+             f"{'fits':<5} {'TC':<3} {'compile s':>9}  specialized (div 16 | = 1)"]
     for r in rows:
         cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
         kept = "-" if r.kept is None else ("yes" if r.kept else "no")
@@ -271,8 +358,12 @@ def format_rows(rows: list[Row]) -> str:
             continue
         lines.append(f"{r.kernel:<28} {r.direction:<4} {cfg:<42} {kept:<5} {r.registers:>4} {r.spill_bytes:>6} "
                      f"{r.shared_bytes / 1024:>8.1f} {'yes' if r.fits else 'NO':<5} "
-                     f"{'yes' if r.tensor_cores else 'no':<3} {r.compile_s:>9.1f}")
+                     f"{'yes' if r.tensor_cores else 'no':<3} {r.compile_s:>9.1f}  {_hints_text(r.specialized)}")
     return "\n".join(lines)
+
+
+def _hints_text(hints: dict) -> str:
+    return (",".join(hints.get("divisible_by_16", [])) or "-") + " | " + (",".join(hints.get("equal_to_1", [])) or "-")
 
 
 def format_summary(summary: list[dict]) -> str:

