@@ -46,7 +46,7 @@ _TEX = {"ℓ": r"\ell ", "∂": r"\partial ", "∇": r"\nabla ", "α": r"\alpha 
         "ᵢ": "_{i}", "−": "-", "–": "-", "·": r"\cdot ", "⊙": r"\odot ", "∈": r"\in ", "ℝ": r"\mathbb{R}",
         "×": r"\times ", "⊕": r"\oplus ", "⊗": r"\otimes ", "ᵀ": r"^{\top}", "≤": r"\le ", "≥": r"\ge ", "→": r"\to ",
         "←": r"\leftarrow ", "∞": r"\infty ", "√": r"\sqrt ", "..": r"\ldots ", "γ": r"\gamma ", "…": r"\ldots ",
-        "ν": r"\nu ", "ρ": r"\rho "}
+        "ν": r"\nu ", "ρ": r"\rho ", "β": r"\beta ", "σ": r"\sigma "}
 # words that are functions (upright operators; those with their own macro first)
 _MACROS = {"exp", "log", "tanh", "sin", "cos", "cosh", "sinh", "max", "min"}
 _OPERATORS = {"sign", "sqrt", "erf", "sigmoid", "softmax", "softplus", "gelu", "silu", "relu", "identity", "asinh",
