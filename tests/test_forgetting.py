@@ -310,3 +310,35 @@ def test_long_strongly_decaying_sequence_in_fp32():
     pytest.importorskip("triton")
     o, _ = mod.apply(*f32, {"alpha": alpha.float()}, backend="triton")
     assert torch.isfinite(o).all() and rel(o, exact) < 1e-5
+
+
+@pytest.mark.parametrize("text", [spec(), spec("kernel=softmax, window=5"),
+                                  "model a { memory = nonparametric(kernel=softmax)\n bias = l2 }"])
+def test_triton_packed_sequences_in_one_launch(text, monkeypatch):
+    """cu_seqlens on the Triton path: one call of the flash kernels over all sequences (their varlen grid), an
+    empty sequence among them; outputs, gradients (the forget gate's included) and each sequence's cache (log
+    weights included) equal the per-sequence torch calls."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(text)
+    bounds = [0, 17, 17, 20, 45]
+    q, k, v, alpha = inputs(B=1, T=45, H=2, Dk=16, Dv=16, seed=8)
+    calls = []
+    real = mod._flash_attention
+    monkeypatch.setattr(mod, "_flash_attention", lambda *a: calls.append(a[-1]) or real(*a))
+    leaves = tuple(t.float().requires_grad_() for t in (q, k, v, alpha))
+    gates = {"alpha": leaves[3]} if mod.GATES else {}
+    o, caches = mod.apply(*leaves[:3], gates, backend="triton", cu_seqlens=torch.tensor(bounds))
+    assert calls == [bounds]
+    exact = tuple(t.clone().requires_grad_() for t in (q, k, v, alpha))
+    ref, ref_caches = mod.apply(*exact[:3], {"alpha": exact[3]} if mod.GATES else {}, backend="torch",
+                                cu_seqlens=torch.tensor(bounds))
+    assert rel(o, ref) < 1e-5
+    n = 4 if mod.GATES else 3
+    for name, a, b in zip("qkva", grads(o, leaves[:n]), grads(ref, exact[:n])):
+        assert rel(a, b) < 4e-5, name
+    for mine, theirs in zip(caches, ref_caches):
+        assert mine["K"].shape == theirs["K"].shape and mine["start"] == theirs.get("start", 0)
+        if theirs["K"].numel():
+            assert rel(mine["V"], theirs["V"]) < 1e-6
+            if mod.GATES:
+                assert (mine["log_weight"] - theirs["log_weight"]).abs().max() < 1e-5
