@@ -114,8 +114,9 @@ def make_case(mod, dtype, B, T, H, D, device, seed=0):
     return q, k, v, gates, extras, state, params
 
 
-def run_case(mod, inputs, backend, algorithm, dtype, seed=1):
-    """(output, final-state tensors, gradients of every leaf) of one run at `dtype` (float64 for the reference)."""
+def run_case(mod, inputs, backend, algorithm, dtype, seed=1, cu_seqlens=None):
+    """(output, final-state tensors, gradients of every leaf) of one run at `dtype` (float64 for the reference);
+    cu_seqlens: sequences packed in the one row of the inputs (B = 1; the caches, a list, are not compared)."""
     import torch
 
     dt = getattr(torch, dtype)
@@ -132,6 +133,8 @@ def run_case(mod, inputs, backend, algorithm, dtype, seed=1):
 
     cast = {n: t.detach().to(dtype_of(n)).requires_grad_() for n, t in leaves.items()}
     kw = {"backend": backend, "algorithm": algorithm}
+    if cu_seqlens is not None:
+        kw["cu_seqlens"] = torch.tensor(cu_seqlens)
     if extras:
         kw["extras"] = {n: cast[f"extra {n}"] for n in extras}
     if state is not None:
@@ -182,27 +185,37 @@ def check_spec(path: Path, settings: dict, device: str) -> list[dict]:
 
     mod = load(path)
     algorithms = ["recurrent"] + (["chunked"] if getattr(mod, "CHUNKED", False) else [])
+    # the attention memories' flash kernels also read sequences packed along time in one launch (their varlen
+    # grid): "packed" runs B·T tokens as one row of three sequences, one of them empty, against the torch
+    # recurrence run per sequence
+    if hasattr(mod, "_packed_triton"):
+        algorithms.append("packed")
     records = []
     for setting, (dtype, B, T, H, D, tol) in settings.items():
         inputs = make_case(mod, dtype, B, T, H, D, device)
         ref, own = None, 0.0
         for algorithm in algorithms:
             rec = {"spec": path.stem, "setting": setting, "algorithm": algorithm, "shape": [B, T, H, D]}
+            run = {"cu_seqlens": None}
+            if algorithm == "packed":
+                inputs = make_case(mod, dtype, 1, B * T, H, D, device)
+                run = {"cu_seqlens": [0, B * T // 3, B * T // 3, B * T]}
+                algorithm, ref, rec["shape"] = "auto", None, [1, B * T, H, D]
             try:
                 t0 = time.perf_counter()  # the Triton path first: a refusal needs no reference
-                got = run_case(mod, inputs, "triton", algorithm, dtype)
+                got = run_case(mod, inputs, "triton", algorithm, dtype, **run)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 rec["first_s"] = round(time.perf_counter() - t0, 2)  # compile (and autotune) + run
                 if ref is None:
                     t0 = time.perf_counter()
-                    ref = run_case(mod, inputs, "torch", "recurrent", "float64")
+                    ref = run_case(mod, inputs, "torch", "recurrent", "float64", **run)
                     rec["ref_s"] = round(time.perf_counter() - t0, 2)
                     # the torch recurrence's own error at this dtype (fp16/bf16 outputs and their cotangents are
                     # rounded): a kernel is judged against max(tolerance, 2x that)
-                    own = compare(run_case(mod, inputs, "torch", "recurrent", dtype), ref)[0]
+                    own = compare(run_case(mod, inputs, "torch", "recurrent", dtype, **run), ref)[0]
                 t0 = time.perf_counter()
-                got = run_case(mod, inputs, "triton", algorithm, dtype)
+                got = run_case(mod, inputs, "triton", algorithm, dtype, **run)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 rec["warm_ms"] = round(1e3 * (time.perf_counter() - t0), 2)

@@ -18,14 +18,17 @@ def test_gpu_check_smoke(tmp_path):
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     emitted = tmp_path / "emitted"
-    assert check.main(["--emit", str(emitted), "--spec", "gated_deltanet", "atlas"]) == 0
+    assert check.main(["--emit", str(emitted), "--spec", "gated_deltanet", "atlas", "stickbreaking"]) == 0
     out = tmp_path / "check.md"
     assert check.main(["--smoke", "--emitted", str(emitted), "--out", str(out), "--jobs", "2"]) == 0
     rows = {tuple(cell.strip() for cell in line.split("|")[1:5]) for line in out.read_text().splitlines()
             if line.startswith("| ") and "---" not in line and "spec |" not in line}
     statuses = {(name, algorithm): status for name, _, algorithm, status in rows}
     assert statuses == {("gated_deltanet", "recurrent"): "ok", ("gated_deltanet", "chunked"): "ok",
-                        ("atlas", "recurrent"): "refused", ("atlas", "chunked"): "refused"}, rows
+                        ("atlas", "recurrent"): "refused", ("atlas", "chunked"): "refused",
+                        # the attention kernels also read packed sequences (cu_seqlens) in one launch
+                        ("stickbreaking", "recurrent"): "ok", ("stickbreaking", "chunked"): "ok",
+                        ("stickbreaking", "packed"): "ok"}, rows
     # a wrong kernel is caught: the comparison sees a perturbed gradient
     mod = check.load(emitted / "gated_deltanet.py")
     case = check.make_case(mod, "float32", 1, 8, 1, 8, "cpu")
