@@ -198,6 +198,29 @@ def run(args) -> list:
           lambda: mods["forgetting_transformer"].apply(q, k, v, gs, backend="triton")[0], rows, device, tokens,
           peer=peer, flops=flops_attention(B, H, T, D), nbytes=4 * B * T * H * D * q.element_size())
 
+    # -- packed sequences (cu_seqlens): the B·T tokens as one row of 2B sequences of uneven lengths, one launch per
+    # kernel (the varlen grid), vs FLA's forgetting attention with the same offsets
+    lengths = [T // 2 + (T // 4 if i % 2 else -T // 4) for i in range(2 * B)]  # T/4 and 3T/4, alternating
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    q1, k1, v1 = (x.detach().reshape(1, B * T, *x.shape[2:]).requires_grad_() for x in (q, k, v))
+    gs1 = {"alpha": gs["alpha"].detach().reshape(1, B * T, H).requires_grad_()}
+    cu = torch.tensor(bounds, device=device)
+    peer = None
+    if not smoke:
+        try:
+            from fla.ops.forgetting_attn import parallel_forgetting_attn
+
+            def peer(q1=q1, k1=k1, v1=v1, gs1=gs1, cu=cu):
+                return parallel_forgetting_attn(q1, k1, v1, g=gs1["alpha"].log(), cu_seqlens=cu)
+        except ImportError:
+            pass
+    timed(f"forgetting_transformer packed ({2 * B} sequences): mirasc flash varlen vs FLA parallel_forgetting_attn",
+          lambda: mods["forgetting_transformer"].apply(q1, k1, v1, gs1, backend="triton", cu_seqlens=cu)[0], rows,
+          device, tokens, peer=peer, flops=sum(flops_attention(1, H, n, D) for n in lengths),
+          nbytes=4 * B * T * H * D * q.element_size())
+
     # -- stick-breaking attention: its own flash kernels (newest key tile first), vs FLA's parallel kernel; both
     # with the remainder on the query's own value (FLA returns it apart: o + rem·v, the authors' reference)
     q, k, v, _ = make_inputs(B, T, H, D, dtype, device)

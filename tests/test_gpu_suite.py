@@ -25,7 +25,8 @@ def test_gpu_suite_smoke(tmp_path, capsys):
     assert suite.main(["--smoke", "--emit-dir", str(emitted), "--out", str(out), "--budget-s", "3600"]) == 0
     table = out.read_text(encoding="utf-8")
     assert "FAILED" not in table and "SKIPPED" not in table, table
-    for case in ("flash (triton)", "stickbreaking: mirasc flash (triton)", "gated_deltanet: mirasc chunked (triton)",
+    for case in ("flash (triton)", "stickbreaking: mirasc flash (triton)", "mirasc flash varlen",
+                 "gated_deltanet: mirasc chunked (triton)",
                  "mamba2: mirasc chunked (triton)",
                  "deltanet: mirasc fused recurrent", "ttt_linear: mirasc chunked (triton)",
                  "titans memory op", "titans layer", "momentum_deltanet: mirasc chunked (triton)",
