@@ -216,7 +216,7 @@ def run(args) -> list:
                 return parallel_forgetting_attn(q1, k1, v1, g=gs1["alpha"].log(), cu_seqlens=cu)
         except ImportError:
             pass
-    timed(f"forgetting_transformer packed ({2 * B} sequences): mirasc flash varlen vs FLA parallel_forgetting_attn",
+    timed(f"forgetting_transformer: packed ({2 * B} sequences), mirasc flash varlen vs FLA parallel_forgetting_attn",
           lambda: mods["forgetting_transformer"].apply(q1, k1, v1, gs1, backend="triton", cu_seqlens=cu)[0], rows,
           device, tokens, peer=peer, flops=sum(flops_attention(1, H, n, D) for n in lengths),
           nbytes=4 * B * T * H * D * q.element_size())
