@@ -35,7 +35,9 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
                                "composite": spec.composite, "normalize": spec.normalized,
                                "omega": spec.window > 1,  # the carried window win_* is not learned
-                               "precond": spec.precond})  # the statistic a is carried beside the memory
+                               "precond": spec.precond,  # the statistic a is carried beside the memory
+                               "extras": bool(spec.extras),  # key inputs besides q, k (κ)
+                               "kl_positive": positive == "softmax"})
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
