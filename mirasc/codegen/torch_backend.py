@@ -346,6 +346,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # CONTRACT §7 (lq or kl)
     return {
         "minibatch": par.kind == "minibatch",
+        "chunked": kind is not None,  # a chunked form exists (CHUNKED; algorithm='chunked' is refused otherwise)
         "chunk_readout": chunk_readout,
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
@@ -488,7 +489,8 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_chunked"] = family is not None
     flags["triton_momentum"] = family == "momentum"  # padding tokens also need θ = 1 (S must not decay)
     if family is not None:
-        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks)
+        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks,
+                                                      features=features is not None)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
     # TF32 dots for fp16/bf16 inputs only in the kernel builds a GPU run verified (the module's _tf32_dots says
@@ -503,7 +505,7 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
     if minibatch:
         triton_section += triton_minibatch.emit_minibatch(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
-                                                          preprocess)
+                                                          preprocess, features=features is not None)
     return triton_section, no_triton, family, minibatch
 
 

@@ -139,7 +139,9 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "TRITON_FEATURES": repr(features),
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
     }
-    return fill(SECTION, subs)
+    from .torch_backend import preprocess  # (torch_backend imports this module)
+
+    return fill(preprocess(SECTION, {"features": features}), subs)
 
 
 def fill(template: str, subs: dict[str, str]) -> str:

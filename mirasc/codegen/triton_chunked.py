@@ -62,7 +62,7 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     return None
 
 
-def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False) -> str:
+def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False, features: bool = False) -> str:
     """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family. lq_scale: the
     mini-batch family run by a chunk readout of lq retention (CONTRACT §7), whose updates in weight space are η/n_c
     with the chunk's normaliser n_c passed as the coefficient `lqs0`."""
@@ -74,6 +74,7 @@ def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False) 
              "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
              "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
-             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale}
+             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale,
+             "features": features}  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)

@@ -97,8 +97,9 @@ CONSTS = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.conste
 
 
 def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
-                   preprocess) -> str:
-    """Source of the mini-batch Triton section (both kernels and their torch glue)."""
+                   preprocess, features: bool = False) -> str:
+    """Source of the mini-batch Triton section (both kernels and their torch glue); features: `spec` is a
+    feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)."""
     reason = minibatch_reason(spec)
     if reason:
         raise Unsupported(reason)
@@ -109,7 +110,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order, dual.vecs)
     bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order, dual.vecs)
     kernels += "\n" + fwd_src + "\n" + bwd_src
-    flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay"}
+    flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay", "features": features}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
             .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
