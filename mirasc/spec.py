@@ -109,6 +109,9 @@ class Nonparametric(Form):
     # vector per head), and whether query t reads its own pair (false: the pairs stored before it, the paper's)
     remainder: Literal["none", "current", "bias"] = "none"
     attend_current: bool = False
+    # softmax only: an attention sink, a learned logit b_h per head in every read's denominator with no value
+    # (GPT-OSS's sinks, FLA's sink_bias): o_t = Σ_s e^{ℓ_ts} v_s / (e^{b_h} + Σ_s e^{ℓ_ts})
+    sink: bool = False
 
 
 # ------------------------------------------------------------------------------------- bias
@@ -520,7 +523,8 @@ def form_text(form: Form) -> str:
             and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)
             and not (form.kind == "precond" and form.transform == "rms" and p in PRECOND_ATK_PARAMS)
             and not (form.kind == "nonparametric" and form.kernel != "stickbreaking"
-                     and p in ("remainder", "attend_current"))]
+                     and p in ("remainder", "attend_current"))
+            and not (form.kind == "nonparametric" and p == "sink" and not v)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 
@@ -639,6 +643,10 @@ def check_combination(spec: Spec) -> None:
                             param="remainder" if m.remainder != "none" else "attend_current")
         if m.kernel == "stickbreaking":
             _check_stickbreaking(spec)
+        if m.sink and (m.kernel != "softmax" or m.hops > 1 or m.score_conv is not None or m.head_mix > 1):
+            raise Rejection("memory", "an attention sink is one more logit in the softmax kernel's denominator, with "
+                            "no value; it is defined for kernel=softmax with hops=1 and no Multi-Token Attention",
+                            param="sink")
         if m.temporal and m.kernel != "softmax":
             raise Rejection("memory", "temporal encoding adds T_A to the keys inside the softmax kernel's dot "
                             "product; it needs kernel=softmax", param="temporal")

@@ -324,7 +324,8 @@ def test_triton_packed_sequences_in_one_launch(text, monkeypatch):
     q, k, v, alpha = inputs(B=1, T=45, H=2, Dk=16, Dv=16, seed=8)
     calls = []
     real = mod._flash_attention
-    monkeypatch.setattr(mod, "_flash_attention", lambda *a: calls.append(a[-1]) or real(*a))
+    # _flash_attention(q, k, v, scale, c, bounds, sink): record the bounds each call gets
+    monkeypatch.setattr(mod, "_flash_attention", lambda *a: calls.append(a[5]) or real(*a))
     leaves = tuple(t.float().requires_grad_() for t in (q, k, v, alpha))
     gates = {"alpha": leaves[3]} if mod.GATES else {}
     o, caches = mod.apply(*leaves[:3], gates, backend="triton", cu_seqlens=torch.tensor(bounds))

@@ -63,7 +63,7 @@ def emit(spec: S.Spec, d: Derivation) -> str:
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
         "NO_TRITON_REASON": reason.replace('"', "'"), "REMAINDER": repr(m.remainder),
-        "ATTEND_CURRENT": repr(m.attend_current),
+        "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
     }
