@@ -50,10 +50,10 @@ SETTINGS = {  # name: (dtype, B, T, H, D, tolerance)
 SMOKE = {"fp32": ("float32", 1, 20, 1, 16, 1e-3)}
 # Checked first (a lease may cut the rest): the paths the 2026-12-04 H200 run failed or never reached, and what
 # changed after it (flash kernels, exact fp32 dots in the per-head chunk kernels, refusals); then the others.
-FIRST = ["transformer", "forgetting_transformer", "sliding_window", "stickbreaking", "sink_attention", "gated_deltanet",
-         "deltanet", "mamba2", "linear_attention", "retnet", "memora", "based", "hedgehog", "titans", "ttt_linear", "ttt_mlp",
-         "yaad", "sparse_lp", "rwkv7", "precond_kda", "comba", "longhorn", "deltaproduct", "gated_deltaproduct",
-         "precond_gated_deltanet", "linear_attention_elu"]
+FIRST = ["transformer", "forgetting_transformer", "sliding_window", "stickbreaking", "sink_attention",
+         "gated_deltanet", "deltanet", "mamba2", "linear_attention", "retnet", "memora", "based", "hedgehog",
+         "titans", "ttt_linear", "ttt_mlp", "yaad", "sparse_lp", "rwkv7", "precond_kda", "comba", "longhorn",
+         "deltaproduct", "gated_deltaproduct", "precond_gated_deltanet", "linear_attention_elu"]
 
 
 def emit(out_dir: Path, names: list[str] | None) -> None:
