@@ -156,6 +156,18 @@ def test_chunk_kernels_without_a_fitting_configuration_are_refused(tmp_path):
     assert "backend='torch'" in rows[0]["error"] and "backend='torch'" in proc.stderr
 
 
+@needs_tools
+def test_omega_window_tile_is_refused_as_on_a_gpu(tmp_path):
+    """omega_yaad (minibatch(64), window 4) makes each mini-batch one 256-row tile of the mini-batch kernels, beyond
+    the 64 rows they fit on a GPU: `kernels` refuses it as the GPU launch would (the module's FIT_SMEM_LIMIT), not
+    compile a tile no GPU runs."""
+    proc, rows = _kernels(tmp_path, str(ROOT / "specs" / "omega_yaad.miras"), "--target", "sm_90", "--dk", "64",
+                          "--dtype", "bfloat16", "--algorithm", "chunked")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert [r["kernel"] for r in rows] == ["(chunked fwd: refused)"]
+    assert "256" in rows[0]["error"] and "algorithm='recurrent'" in rows[0]["error"]
+
+
 # A launch's specialization (what `JITFunction.run` compiles on a GPU): the probe's X is 16-byte aligned, Y one
 # float past an aligned address, Z aligned but exempt from alignment specialization, n divisible by 16, odd not,
 # one equal to 1, kept divisible but exempt from specialization altogether, f a float.
