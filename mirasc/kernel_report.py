@@ -16,7 +16,9 @@ module's views (offsets, strides) are the same on both, so the attributes are th
 the report is deterministic. Each row records them (`specialized`: "divisible_by_16", "equal_to_1").
 Without them the cubins differ (vectorised loads, pipelining, registers, spills, shared memory).
 The cubin's registers and spill stack come from the `cuobjdump` that ships with Triton; shared memory
-from the compiled kernel's metadata; tensor-core use from the PTX (`wgmma` on sm_90, `mma.sync` on sm_80).
+from the compiled kernel's metadata; tensor-core use from the SASS (`cuobjdump -sass`): the kinds of matrix
+instruction the cubin really issues, by unit and operand type ("HGMMA.BF16" on sm_90's warpgroup MMA,
+"HMMA.BF16" / "HMMA.TF32" on the warp-level MMA; none when every product runs on the FMA units).
 
 A row "fits" when its shared memory is within the target's per-block limit and nothing failed to
 compile. `kept` says whether the module's resource model would let a GPU of that target launch it.
@@ -54,6 +56,8 @@ class Row:
     shared_bytes: int = -1
     fits: bool = False
     tensor_cores: bool = False
+    # matrix instructions in the SASS by kind ("HGMMA.BF16", "HMMA.F16", "HMMA.TF32", ...) -> how many
+    mma: dict = field(default_factory=dict)
     compile_s: float = 0.0  # CPU seconds (this process and ptxas), so a busy machine does not inflate them
     error: str = ""
     direction: str = "fwd"
@@ -90,6 +94,28 @@ def _cubin_resources(cubin: bytes) -> tuple[int, int]:
         return max([int(x) for x in re.findall(rf"{key}:(\d+)", text)] or [-1])
 
     return largest("REG"), largest("STACK")
+
+
+def _sass_mma_kinds(cubin: bytes) -> dict[str, int]:
+    """The matrix (tensor-core) instructions a cubin issues, by unit and operand type, counted in its SASS:
+    `HGMMA.64x64x16.F32.BF16` counts as "HGMMA.BF16", `HMMA.16816.F32.BF16` as "HMMA.BF16",
+    `HMMA.1688.F32.TF32` as "HMMA.TF32". Empty: every product runs on the FMA units."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), "-sass", path],
+                              capture_output=True, text=True, check=False).stdout
+    kinds: dict[str, int] = {}
+    for unit, suffix in re.findall(r"\b(HGMMA|HMMA)\.([A-Z0-9x.]+)", text):
+        kind = f"{unit}.{suffix.split('.')[-1]}"  # the operand type is the last field
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return dict(sorted(kinds.items()))
+
+
+def mma_text(kinds: dict) -> str:
+    """The matrix-instruction kinds of a row, short: "HGMMA.BF16" or "HMMA.TF32+HMMA.BF16"; "FMA" when none."""
+    return "+".join(kinds) if kinds else "FMA"
 
 
 _TORCH_TYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int32": "i32",
@@ -241,8 +267,8 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
             row.shared_bytes = int(k.metadata.shared)
             row.ok = True
             row.fits = row.shared_bytes <= smem_limit
-            ptx = k.asm["ptx"]
-            row.tensor_cores = "wgmma" in ptx or "mma.sync" in ptx
+            row.mma = _sass_mma_kinds(k.asm["cubin"])
+            row.tensor_cores = bool(row.mma)
         except Exception as err:  # a compile error or out of resources: reported, not raised
             lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((".", "/", "$"))]
             row.error = (lines[0] if lines else type(err).__name__)[:200]
@@ -340,16 +366,17 @@ def summarize(rows: list[Row]) -> list[dict]:
         kept = [r for r in rs if r.kept is not False]
         fitting = [r for r in kept if r.ok and r.fits]
         best = min(fitting, key=lambda r: (r.spill_bytes, -r.tensor_cores, r.registers), default=None)
+        kinds = sorted({mma_text(r.mma) for r in kept if r.ok})
         out.append({"kernel": name, "direction": rs[0].direction, "configs": len(rs), "kept": len(kept),
                     "kept_fit": len(fitting), "kept_not_fit": len(kept) - len(fitting),
-                    "best": None if best is None else asdict(best),
+                    "best": None if best is None else asdict(best), "mma_kept": kinds,
                     "max_compile_s": max(r.compile_s for r in rs)})
     return out
 
 
 def format_rows(rows: list[Row]) -> str:
     lines = [f"{'kernel':<28} {'dir':<4} {'config':<42} {'kept':<5} {'regs':>4} {'spill':>6} {'smem KB':>8} "
-             f"{'fits':<5} {'TC':<3} {'compile s':>9}  specialized (div 16 | = 1)"]
+             f"{'fits':<5} {'matrix units':<22} {'compile s':>9}  specialized (div 16 | = 1)"]
     for r in rows:
         cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
         kept = "-" if r.kept is None else ("yes" if r.kept else "no")
@@ -358,7 +385,7 @@ def format_rows(rows: list[Row]) -> str:
             continue
         lines.append(f"{r.kernel:<28} {r.direction:<4} {cfg:<42} {kept:<5} {r.registers:>4} {r.spill_bytes:>6} "
                      f"{r.shared_bytes / 1024:>8.1f} {'yes' if r.fits else 'NO':<5} "
-                     f"{'yes' if r.tensor_cores else 'no':<3} {r.compile_s:>9.1f}  {_hints_text(r.specialized)}")
+                     f"{mma_text(r.mma):<22} {r.compile_s:>9.1f}  {_hints_text(r.specialized)}")
     return "\n".join(lines)
 
 
@@ -368,13 +395,13 @@ def _hints_text(hints: dict) -> str:
 
 def format_summary(summary: list[dict]) -> str:
     lines = [f"{'kernel':<28} {'dir':<4} {'configs':>7} {'kept':>5} {'kept&fit':>8}  best kept config "
-             "(regs / spill B / smem KB / tensor cores)   max compile s"]
+             "(regs / spill B / smem KB / matrix units)   kept configs' units   max compile s"]
     for s in summary:
         b = s["best"]
         best = "refused (below)" if s.get("refused") else "none fits" if b is None else (
             " ".join(f"{k}={v}" for k, v in b["config"].items())
             + f"  ({b['registers']} / {b['spill_bytes']} / {b['shared_bytes'] / 1024:.1f} / "
-              f"{'yes' if b['tensor_cores'] else 'no'})")
+              f"{mma_text(b['mma'])})")
         lines.append(f"{s['kernel']:<28} {s['direction']:<4} {s['configs']:>7} {s['kept']:>5} {s['kept_fit']:>8}  "
-                     f"{best}   {s['max_compile_s']:.1f}")
+                     f"{best}   {','.join(s.get('mma_kept', [])) or '-'}   {s['max_compile_s']:.1f}")
     return "\n".join(lines)

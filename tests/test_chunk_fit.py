@@ -43,15 +43,14 @@ def on_sm90(mod, monkeypatch):
     monkeypatch.setattr(mod, "_device_smem_limit", lambda device: sm90(mod))
 
 
-@pytest.mark.parametrize("name,D,tf32,empty", [
-    ("based", 64, False, {"_chunk_state_fwd", "_chunk_state_bwd"}),  # Dk = 2145: 4096 padded key columns
-    ("hedgehog", 128, True, {"_chunk_state_bwd"}),  # Dk = 256: the reverse scan needs 228 KB at its smallest
+@pytest.mark.parametrize("name,D,prec,empty", [
+    ("based", 64, "ieee", {"_chunk_state_fwd", "_chunk_state_bwd"}),  # Dk = 2145: 4096 padded key columns
+    ("hedgehog", 128, "bf16", {"_chunk_state_bwd"}),  # Dk = 256: the reverse scan needs 228 KB at its smallest
 ])
-def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, tf32, empty):
+def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
     mod = mods[name]
     Dk, Dv = widths(mod, D)
     BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
-    prec = mod._prec(tf32)
     assert {n for n in mod._CHUNK_LAUNCHED if not mod._chunk_configs(n, Dk, Dv, BT, sm90(mod), prec)} == empty
     assert all(mod._chunk_configs(n, Dk, Dv, BT, None, prec) for n in mod._CHUNK_LAUNCHED)  # the model prunes them
     msg = mod._chunk_fit_error(Dk, Dv, BT, prec, sm90(mod))
@@ -59,12 +58,12 @@ def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, tf32, empty):
         assert part in msg, (part, msg)
     on_sm90(mod, monkeypatch)
     with pytest.raises(RuntimeError, match="backend='torch'"):  # the launch path's check, on a "CUDA" device
-        mod._check_chunk_fits(Dk, Dv, mod.DEFAULT_CHUNK, tf32, CUDA)
+        mod._check_chunk_fits(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)
     # the GPU branch of the kernel choice never builds an autotuner over an empty space
     kernel = getattr(mod, sorted(empty)[0])
     with pytest.raises(RuntimeError, match="backend='torch'"):
         mod._chunk_kernel(kernel, types.SimpleNamespace(device=CUDA), Dk, Dv, BT, prec)
-    assert not mod._chunk_kernels_fit(Dk, Dv, mod.DEFAULT_CHUNK, tf32, CUDA)  # (apply maps the features first)
+    assert not mod._chunk_kernels_fit(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)  # (apply maps the features first)
 
 
 def test_hedgehog_refusal_names_the_ways_out(mods):
@@ -128,7 +127,7 @@ def test_auto_picks_torch_where_nothing_fits(mods, monkeypatch, name, D, dtype, 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "rwkv7", "momentum_deltanet", "hedgehog"])
 def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
-    """Heads 16..128 (hedgehog: 16..64, Dk up to 128) fit sm_90 in both precisions: every launched kernel keeps a
+    """Heads 16..128 (hedgehog: 16..64, Dk up to 128) fit sm_90 in every dot precision: every launched kernel keeps a
     configuration, auto keeps the kernels and the launch check passes. Heads of 16 (and a value width of 16
     under wider keys) get 16-wide tiles."""
     mod = mods[name]
@@ -137,13 +136,13 @@ def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
     for D in ((16, 32, 64) if name == "hedgehog" else (16, 32, 64, 128)):
         Dk, Dv = widths(mod, D)
         for dims in ((Dk, Dv), (Dk, 16)):
-            for tf32 in (False, True):
-                args = {"Nk": dims[0], "Nv": dims[1], "BT": mod._chunk_tile(chunk), "PREC": mod._prec(tf32)}
+            for prec in ("ieee", "tf32", "bf16"):
+                args = {"Nk": dims[0], "Nv": dims[1], "BT": mod._chunk_tile(chunk), "PREC": prec}
                 for kernel in mod._CHUNK_LAUNCHED:
                     assert mod._CHUNK_AUTOTUNE[kernel](args, sm90(mod)), (kernel, args)
                 assert mod._chunk_fit_error(dims[0], dims[1], args["BT"], args["PREC"], sm90(mod)) is None
-                mod._check_chunk_fits(*dims, chunk, tf32, CUDA)
-                assert mod._chunk_kernels_fit(*dims, chunk, tf32, CUDA)
+                mod._check_chunk_fits(*dims, chunk, prec, CUDA)
+                assert mod._chunk_kernels_fit(*dims, chunk, prec, CUDA)
 
 
 def test_small_heads_get_16_wide_tiles(mods):

@@ -30,11 +30,14 @@ pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+CHUNK_KERNELS = {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd"}
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
-    # (bf16 inputs run exact fp32 dots in the per-head chunk kernels since the H200 run of 2026-12-04, where their
-    # TF32 build faulted: the FMA scan's safest configuration spills 128 B at D = 128 on sm_90, the output kernel none)
-    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", {"_chunk_output_fwd"}),
+    # (bf16 inputs: every product of the per-head chunk kernels takes bf16 operands on the tensor cores, HGMMA on
+    # sm_90 and HMMA on sm_80, and every kernel has a kept configuration without spills on both at D = 64 and 128)
+    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS),
+    ("gated_deltanet", "sm_80", 128, "bfloat16", "chunked", CHUNK_KERNELS),
+    ("deltanet", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the variants with a decay over key channels (16-row sub-blocks, g per channel)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
@@ -63,9 +66,10 @@ CASES = [
     # the streamed mini-batch (dual-form) kernels of an MLP memory at D = 128, E = 512, C = 64
     ("titans", "sm_90", 128, "bfloat16", "chunked", {"_minibatch_stream_fwd"}),
 ]
-KERNELS = {"chunked": {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
-                       "_chunk_grads_bwd"},
+KERNELS = {"chunked": CHUNK_KERNELS,
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
+# the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
+BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2"}
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
@@ -123,7 +127,15 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
             lengths = {"T", "TT"} if spec == "stickbreaking" else {"Tq", "Tk"}
             assert {"Q", "K", "V"} | lengths <= set(hints["divisible_by_16"]), f"{r['kernel']}: {hints}"
             assert {"sqd", "skd", "svd"} <= set(hints["equal_to_1"]), f"{r['kernel']}: {hints}"
-    elif algorithm == "chunked" and spec not in ("titans", "momentum_deltanet"):
+    if spec in BF16_OPERAND_SPECS and dtype != "float32":
+        # the matrix instructions in the SASS: 16-bit operands on the tensor cores in every kept configuration
+        unit = "HGMMA" if target == "sm_90" else "HMMA"
+        for r in rows:
+            if r["kept"] is not False and r["kernel"] in KERNELS["chunked"]:
+                kinds = set(r["mma"])
+                assert kinds and all(k.endswith(".BF16") for k in kinds), f"{r['kernel']} {r['config']}: {kinds}"
+                assert any(k.startswith(unit) for k in kinds), f"{r['kernel']} {r['config']}: {kinds}"
+    if algorithm == "chunked" and spec not in ("titans", "momentum_deltanet"):
         for r in rows:  # the five chunk kernels (T = 128); the scores kernels take other names
             if r["kernel"] in KERNELS["chunked"]:
                 assert {"K", "G", "T"} <= set(r["specialized"]["divisible_by_16"]), f"{r['kernel']}: {r['specialized']}"

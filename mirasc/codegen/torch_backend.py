@@ -329,6 +329,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
     subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
+    subs["HALF_DOTS"] = flags.pop("half_dots")
     subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
@@ -493,13 +494,20 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
                                                       features=features is not None)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
-    # TF32 dots for fp16/bf16 inputs only in the kernel builds a GPU run verified (the module's _tf32_dots says
-    # why): the momentum delta scans, and the key-channel decay chunk kernels as GLA, HGRN2 and KDA build them
+    # How fp16/bf16 inputs' dots multiply (the module's _dot_precision): 16-bit operands on the tensor cores in the
+    # per-head chunk kernels; TF32 in the builds a GPU run verified (the momentum delta scans, the key-channel decay
+    # chunk kernels as GLA, HGRN2 and KDA build them); exact fp32 elsewhere
     sides = spec.gate_channels()
     key_decay = sides.get("alpha") == "k"
-    flags["tf32_dots"] = bool(triton_section) and not chunk_readout and (
-        family == "momentum" or (key_decay and (family == "hebbian" or (family == "delta"
-                                                                        and sides.get("eta") != "k"))))
+    if not triton_section or chunk_readout:
+        flags["half_dots"] = "ieee"
+    elif family in ("hebbian", "delta", "gdelta", "minibatch") and not key_decay:
+        flags["half_dots"] = "input"
+    elif family == "momentum" or (key_decay and (family == "hebbian" or (family == "delta"
+                                                                         and sides.get("eta") != "k"))):
+        flags["half_dots"] = "tf32"
+    else:
+        flags["half_dots"] = "ieee"
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
     # (not with an Omega window: padded rows would enter the carried window)
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
