@@ -39,9 +39,10 @@ CASES = [
     ("gated_deltanet", "sm_80", 128, "bfloat16", "chunked", CHUNK_KERNELS),
     ("deltanet", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    # the variants with a decay over key channels (16-row sub-blocks, g per channel)
+    # the variants with a decay over key channels (16-row sub-blocks, g per channel; KDA's scores kernels too)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    ("kda", "sm_90", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
+    ("kda", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS | {"_chunk_scores_fwd", "_chunk_scores_bwd"}),
+    ("kda", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | {"_chunk_scores_fwd", "_chunk_scores_bwd"}),
     # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
     ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept)
@@ -69,7 +70,7 @@ CASES = [
 KERNELS = {"chunked": CHUNK_KERNELS,
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 # the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
-BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2"}
+BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7"}
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
@@ -127,14 +128,14 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
             lengths = {"T", "TT"} if spec == "stickbreaking" else {"Tq", "Tk"}
             assert {"Q", "K", "V"} | lengths <= set(hints["divisible_by_16"]), f"{r['kernel']}: {hints}"
             assert {"sqd", "skd", "svd"} <= set(hints["equal_to_1"]), f"{r['kernel']}: {hints}"
-    if spec in BF16_OPERAND_SPECS and dtype != "float32":
-        # the matrix instructions in the SASS: 16-bit operands on the tensor cores in every kept configuration
-        unit = "HGMMA" if target == "sm_90" else "HMMA"
+    if spec in BF16_OPERAND_SPECS and dtype != "float32" and algorithm == "chunked":
+        # the matrix instructions in the SASS: 16-bit operands on the tensor cores in every kept configuration (on
+        # sm_90 HGMMA where a dot has 64 rows per warpgroup, HMMA on the 16-row sub-blocks of a key-channel decay)
         for r in rows:
-            if r["kept"] is not False and r["kernel"] in KERNELS["chunked"]:
+            if r["kept"] is not False:  # the five chunk kernels and the key-channel delta rule's scores kernels
                 kinds = set(r["mma"])
                 assert kinds and all(k.endswith(".BF16") for k in kinds), f"{r['kernel']} {r['config']}: {kinds}"
-                assert any(k.startswith(unit) for k in kinds), f"{r['kernel']} {r['config']}: {kinds}"
+                assert target == "sm_90" or not any(k.startswith("HGMMA") for k in kinds)
     if algorithm == "chunked" and spec not in ("titans", "momentum_deltanet"):
         for r in rows:  # the five chunk kernels (T = 128); the scores kernels take other names
             if r["kernel"] in KERNELS["chunked"]:

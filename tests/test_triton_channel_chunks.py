@@ -139,9 +139,9 @@ def test_small_alpha_is_stable(name):
 
 
 def test_bf16_inputs():
-    """bf16 inputs (tf32 dots on a GPU; outputs and input gradients come back in bf16) against the float64
-    reference on the unrounded inputs: the error, about 5e-3 on the interpreter, is the rounding of the
-    inputs, outputs and gradients to bf16 (8 bits of mantissa); the bound leaves room for tf32 dots."""
+    """bf16 inputs (bf16 operands and fp32 accumulation in every product; outputs and input gradients come back in
+    bf16) against the float64 reference on the unrounded inputs: the error, about 5e-3 on the interpreter, is the
+    rounding of the inputs, operands, outputs and gradients to bf16 (8 bits of mantissa)."""
     compare("kda", (1, 37, 1, 16, 12), chunk=16, dtype=torch.bfloat16, tol=2e-2)
 
 

@@ -192,10 +192,11 @@ def test_packed_sequences_in_one_launch(name):
 
 
 # How fp16/bf16 inputs' dots multiply (docs/semantics.md "Numerics"): 16-bit operands on the tensor cores in the
-# per-head chunk kernels; TF32 only in the builds a GPU run verified (benchmarks/RESULTS.md "GPU", 2026-12-04: the
-# other TF32 builds crashed, hung or were wrong on an H200 with Triton 3.6); every other build runs exact fp32 dots.
-INPUT_DOTS = set(CHUNK_SPECS) | {"deltaproduct", "gated_deltaproduct", "comba", "precond_gated_deltanet"}
-TF32_VERIFIED = {"gla", "hgrn2", "kda", "momentum_deltanet"}
+# chunk kernels (per-head and key-channel decays); TF32 only in the builds a GPU run verified (benchmarks/RESULTS.md
+# "GPU", 2026-12-04: the other TF32 builds crashed, hung or were wrong on an H200 with Triton 3.6); every other build
+# (chunk readouts, the mini-batch MLP kernels) runs exact fp32 dots.
+INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS)
+TF32_VERIFIED = {"momentum_deltanet"}
 
 
 class _Launched(Exception):
@@ -240,7 +241,7 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "longhorn", "ttt_linear", "comba"])
+@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "longhorn", "ttt_linear", "comba", "kda", "rwkv7"])
 def test_half_inputs_round_only_operands(name, dtype):
     mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
     assert mod._dot_precision(torch.empty(0, dtype=dtype)) == ("bf16" if dtype == torch.bfloat16 else "fp16")

@@ -494,17 +494,13 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
                                                       features=features is not None)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
-    # How fp16/bf16 inputs' dots multiply (the module's _dot_precision): 16-bit operands on the tensor cores in the
-    # per-head chunk kernels; TF32 in the builds a GPU run verified (the momentum delta scans, the key-channel decay
-    # chunk kernels as GLA, HGRN2 and KDA build them); exact fp32 elsewhere
-    sides = spec.gate_channels()
-    key_decay = sides.get("alpha") == "k"
-    if not triton_section or chunk_readout:
-        flags["half_dots"] = "ieee"
-    elif family in ("hebbian", "delta", "gdelta", "minibatch") and not key_decay:
+    # How fp16/bf16 inputs' dots multiply (the module's _dot_precision, docs/semantics.md "Numerics"): 16-bit
+    # operands on the tensor cores in the chunk kernels (per-head and key-channel decays, their scores kernels);
+    # TF32 in the momentum delta scans (the build a GPU run verified); exact fp32 in the chunk readouts and the
+    # mini-batch MLP kernels
+    if triton_section and not chunk_readout and family in ("hebbian", "delta", "gdelta", "minibatch"):
         flags["half_dots"] = "input"
-    elif family == "momentum" or (key_decay and (family == "hebbian" or (family == "delta"
-                                                                         and sides.get("eta") != "k"))):
+    elif triton_section and not chunk_readout and family == "momentum":
         flags["half_dots"] = "tf32"
     else:
         flags["half_dots"] = "ieee"
