@@ -353,6 +353,41 @@ def _grid_left(study) -> bool:
     return len(done) < len(sampler._all_grids)
 
 
+class _FileLock:
+    """An exclusive lock on a file (POSIX flock), for the processes of one machine."""
+
+    def __init__(self, path: Path):
+        self.path, self.file = path, None
+
+    def __enter__(self):
+        import fcntl
+
+        self.file = open(self.path, "a")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def _serialize_ask(study, url: str) -> None:
+    """SQLite has no row locks: two processes could take the same waiting trial, or the same grid point. On one
+    machine (SQLite's case) a lock file beside the database makes `ask` one process at a time."""
+    if not url.startswith("sqlite:///") or os.name != "posix":
+        return
+    lock = _FileLock(Path(url[len("sqlite:///"):] + ".lock"))
+    ask = study.ask
+
+    def locked_ask(*args, **kwargs):
+        with lock:
+            return ask(*args, **kwargs)
+
+    study.ask = locked_ask
+
+
 def work(opts: dict, n_trials: int | None, worker: int = 0) -> int:
     """One worker: run trials of the study until `n_trials` (None: the grid) have run. Returns 130 when
     interrupted, else 0."""
@@ -361,6 +396,7 @@ def work(opts: dict, n_trials: int | None, worker: int = 0) -> int:
     if opts["threads"]:
         torch.set_num_threads(int(opts["threads"]))
     study = open_study(opts, create=False)
+    _serialize_ask(study, storage_url(opts))
     if n_trials == 0:
         return 0
     if n_trials is None and opts["sampler"] == "grid" and not _grid_left(study):
@@ -487,11 +523,18 @@ def study_cells(study) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
 
 
 def importance(study) -> dict:
-    try:
-        import optuna
+    """Optuna's parameter importances over the complete trials that sampled parameters (not the references)."""
+    import optuna
 
-        return {k: float(v) for k, v in optuna.importance.get_param_importances(study).items()}
-    except Exception as err:  # too few complete trials, or a single value per parameter
+    sampled = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.params]
+    if len(sampled) < 2:
+        return {"unavailable": f"{len(sampled)} complete trial(s) with sampled parameters: too few"}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {k: float(v) for k, v in optuna.importance.get_param_importances(
+                study, params=sorted(sampled[0].params)).items()}
+    except Exception as err:  # e.g. a single value per parameter
         return {"unavailable": f"{type(err).__name__}: {err}"}
 
 
