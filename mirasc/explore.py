@@ -13,8 +13,12 @@ lengths on a fixed evaluation set shared by all cells.
 
 Output folder: `cells/<key>.json` (one per finished spec x task x seed x budget: resumable — a cell
 already there is not recomputed), `leaderboard.csv`, `leaderboard.json` (also the per-cell records and
-the dropped combinations with their reasons), and, with matplotlib, `accuracy_vs_length.png` and
-`loss_curves.png`.
+the dropped combinations with their reasons), `pareto.csv` (the accuracy-state Pareto front), and, with
+matplotlib, `accuracy_vs_length.png`, `loss_curves.png` and `pareto.png`. `--state-budget` gives every design
+the head size that fills one recurrent state size (`fit_head_dim`).
+
+With `--sampler grid|tpe|random` (or `--study URL`) the same cells are trials of an Optuna study instead
+(mirasc.search): pruning, worker processes, a shared storage (docs/cli.md, "A study (Optuna)").
 """
 
 from __future__ import annotations
