@@ -42,7 +42,7 @@ DEFAULTS = {
     "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
     "lr": 1e-2, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
     "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
-    "force": False, "quiet": False, "state_budget": None,
+    "force": False, "quiet": False, "state_budget": None, "top": 10,
     # search (mirasc.search, with Optuna): used when a sampler or a study is given
     "sampler": None, "trials": None, "workers": 1, "study": None, "study_name": "explore", "pruner": None,
     "eval_every": None, "search_lr": None, "search_layer": {}, "heartbeat": 60,
@@ -106,6 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--out", "-o", default=None, help="output folder (default explore_out)")
     o.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     o.add_argument("--no-plots", dest="plots", action="store_const", const=False, default=None, help="skip PNGs")
+    o.add_argument("--top", type=int, default=None, metavar="N",
+                   help="write the spec files of the N best designs (references apart) to OUT/top/ (default 10)")
     o.add_argument("--force", action="store_const", const=True, default=None, help="recompute stored cells")
     o.add_argument("--quiet", "-q", action="store_const", const=True, default=None, help="no progress display")
 
@@ -605,6 +607,7 @@ def leaderboard(cells: list[dict], lengths, chance: dict | None = None) -> list[
         train_len = str(first["train_length"])
         accs = [c["accuracy"][train_len] for c in group]
         row = {"label": first["label"], "name": first["name"], **{a: first["axes"].get(a, "") for a in AXES},
+               "spec": first["spec"],
                "seeds": len(group), "acc_mean": statistics.fmean(accs),
                "acc_std": statistics.pstdev(accs) if len(accs) > 1 else 0.0,
                "acc_se": statistics.stdev(accs) / math.sqrt(len(accs)) if len(accs) > 1 else 0.0,
@@ -725,9 +728,26 @@ def write_outputs(out: Path, opts: dict, rows, cells, dropped, plots: bool, extr
            "pareto": [r["rank"] for r in front], "dropped": dropped, "cells": cells, **(extra or {})}
     (out / "leaderboard.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     written.append(out / "leaderboard.json")
+    top = [r for r in rows if not r.get("reference") and r["status"] == "ok"][:int(opts.get("top") or 0)]
+    if top:
+        folder = out / "top"
+        folder.mkdir(exist_ok=True)
+        for old in folder.glob("*.miras"):
+            old.unlink()
+        for r in top:
+            (folder / f"{r['rank']:03d}_{r['name']}.miras").write_text(_top_spec(r), encoding="utf-8")
+        written.append(folder)
     if plots and rows:
         written += _plots(out, rows, cells, lengths, opts["task"])
     return written
+
+
+def _top_spec(row: dict) -> str:
+    """A leaderboard row's spec, headed by its score and the options it was trained with besides the spec."""
+    extra = f", lr {row['lr']}" if row.get("lr") is not None else ""
+    extra += f", head_dim {row['head_dim']}" if row.get("head_dim") else ""
+    return (f"# rank {row['rank']}: accuracy {row['acc_mean']:.3f} ± {row.get('acc_se', 0.0):.3f} over "
+            f"{row['seeds']} seed(s){extra}; {row['label']}\n" + row["spec"])
 
 
 def _plots(out: Path, rows, cells, lengths, task) -> list[Path]:

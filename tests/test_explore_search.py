@@ -58,12 +58,18 @@ def test_grid_sampler_gives_the_grid_cells(tmp_path, capsys, monkeypatch):
     assert pruned.params["memory"] == "mlp" and pruned.params["learner"] == "implicit"
     assert "closed-form proximal step" in pruned.user_attrs["illegal"] and "cells" not in pruned.user_attrs
     rows = _rows(out)
+    assert [r["rank"] for r in rows] == [1, 2, 3]
     key = lambda r: r["label"]  # noqa: E731
     assert [(r["label"], r["acc_mean"], r["seeds"]) for r in sorted(rows, key=key)] == \
            [(r["label"], r["acc_mean"], r["seeds"]) for r in sorted(grid_rows, key=key)]
     doc = json.loads((out / "leaderboard.json").read_text())
     assert [d["label"] for d in doc["dropped"]] == ["mlp | l2 | none | implicit | exact"]
     assert doc["study"]["trials"]["complete"] == 3
+    import mirasc
+
+    top = sorted((out / "top").glob("*.miras"))                  # the designs' specs, best first, to rerun
+    assert [p.name[:4] for p in top] == ["001_", "002_", "003_"]
+    assert [mirasc.parse_text(p.read_text()).canonical() for p in top] == [r["spec"] for r in rows]
     # the grid is done: a second invocation runs nothing
     assert explore.main(argv) == 0
     assert "this run: 0 complete, 0 pruned" in capsys.readouterr().out
