@@ -42,7 +42,7 @@ DEFAULTS = {
     "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
     "lr": 1e-2, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
     "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
-    "force": False, "quiet": False, "state_budget": None, "top": 10,
+    "force": False, "quiet": False, "state_budget": None, "top": 10, "device": "cpu",
     # search (mirasc.search, with Optuna): used when a sampler or a study is given
     "sampler": None, "trials": None, "workers": 1, "study": None, "study_name": "explore", "pruner": None,
     "eval_every": None, "search_lr": None, "search_layer": {}, "heartbeat": 60,
@@ -105,6 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--out", "-o", default=None, help="output folder (default explore_out)")
     o.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    o.add_argument("--device", default=None, help="torch device to train on (default cpu); cuda in a study: worker "
+                   "i takes GPU i modulo the GPUs there are, so --workers N runs one worker per GPU")
     o.add_argument("--no-plots", dest="plots", action="store_const", const=False, default=None, help="skip PNGs")
     o.add_argument("--top", type=int, default=None, metavar="N",
                    help="write the spec files of the N best designs (references apart) to OUT/top/ (default 10)")
@@ -456,14 +458,18 @@ def time_step(cand: Candidate, opts: dict) -> float:
     from . import tasks
     from .trainloop import TRAIN_SEED
 
+    device = opts.get("device") or "cpu"
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = _model(cand, opts)
+        model = _model(cand, opts).to(device)
         x, y, _ = tasks.generate(opts["task"], opts["task_config"], opts["batch_size"], seed=TRAIN_SEED)
+        x, y = x.to(device), y.to(device)
         for _ in range(2):
             t0 = time.perf_counter()
             _, loss = model(x, y)
             loss.backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
             seconds = time.perf_counter() - t0
             if seconds > 1.0:
                 break
@@ -529,7 +535,9 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress, eval_
     task, cfg = opts["task"], opts["task_config"]
     steps, B = opts["steps"], opts["batch_size"]
     torch.manual_seed(seed)
-    model = _model(cand, opts)
+    device = opts.get("device") or "cpu"
+    on = {} if device == "cpu" else {"device": device}      # batches are generated on the CPU and moved
+    model = _model(cand, opts).to(device)
     eval_curve: list[list] = []
     eval_s = [0.0]
 
@@ -537,7 +545,7 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress, eval_
         progress.update(cand.label, seed, step, steps, loss)
         if eval_every and step % eval_every == 0 and step < steps:
             t = time.time()
-            acc, _ = evaluate(model, task, cfg, [cfg.seq_len], opts["eval_examples"], B)
+            acc, _ = evaluate(model, task, cfg, [cfg.seq_len], opts["eval_examples"], B, **on)
             eval_s[0] += time.time() - t
             eval_curve.append([step, acc[cfg.seq_len]])
             if on_eval is not None:
@@ -546,10 +554,10 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress, eval_
     t0 = time.time()
     curve, status = trainloop.train(
         model, tasks, task, cfg, steps=steps, batch_size=B, lr=opts["lr"], weight_decay=opts["weight_decay"],
-        seed=seed, log_every=opts["log_every"], on_step=on_step)
+        seed=seed, log_every=opts["log_every"], on_step=on_step, **on)
     train_s = time.time() - t0 - eval_s[0]          # training alone: the intermediate evaluations apart
     scored: dict[int, int] = {}
-    accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B, scored)
+    accuracy, exact = evaluate(model, task, cfg, opts["eval_lengths"], opts["eval_examples"], B, scored, **on)
     spec = mirasc.parse_text(cand.canonical)
     head_dim = opts["layer"].get("head_dim") or opts["d_model"] // opts["heads"]
     budget = budget_of(opts)
@@ -565,19 +573,19 @@ def train_cell(cand: Candidate, opts: dict, seed: int, progress: Progress, eval_
         "state_bytes": state_bytes(cand.module, spec, opts["heads"], head_dim, cfg.seq_len),
         "state_grows": not spec.parametric, "head_dim": head_dim,
         "train_seconds": round(train_s, 3), "seconds": round(time.time() - t0, 3),
-        "seconds_per_step": train_s / max(1, curve[-1][0] if curve else steps),
+        "seconds_per_step": train_s / max(1, curve[-1][0] if curve else steps), "device": device,
     }
     if eval_every:
         record["eval_curve"] = eval_curve
     return record
 
 
-def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int, scored: dict | None = None):
+def evaluate(model, task: str, cfg, lengths, n: int, batch_size: int, scored: dict | None = None, device=None):
     """Masked-token accuracy and per-example exact match at each length, on a fixed evaluation set.
     `scored`, if given, receives the number of scored tokens at each length (mirasc.trainloop.evaluate)."""
     from . import tasks, trainloop
 
-    return trainloop.evaluate(model, tasks, task, cfg, lengths, n, batch_size, scored)
+    return trainloop.evaluate(model, tasks, task, cfg, lengths, n, batch_size, scored, device=device)
 
 
 # ------------------------------------------------------------------------------- leaderboard

@@ -395,6 +395,10 @@ def work(opts: dict, n_trials: int | None, worker: int = 0) -> int:
 
     if opts["threads"]:
         torch.set_num_threads(int(opts["threads"]))
+    if opts["device"] == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: torch sees no GPU here")
+        opts = {**opts, "device": f"cuda:{worker % torch.cuda.device_count()}"}
     study = open_study(opts, create=False)
     _serialize_ask(study, storage_url(opts))
     if n_trials == 0:
@@ -416,6 +420,9 @@ def _worker_main(opts: dict, n_trials: int | None, worker: int, threads: int) ->
         code = work(opts, n_trials, worker)
     except KeyboardInterrupt:
         code = 130
+    except UsageError as err:
+        print(f"mirasc explore (worker {worker}): {err}", file=sys.stderr)
+        code = 2
     sys.exit(code)
 
 
