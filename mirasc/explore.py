@@ -437,6 +437,22 @@ def cell_opts(cand: Candidate, opts: dict, values: dict | None = None) -> dict:
     return out
 
 
+def complete_record(record: dict, cand: Candidate, opts: dict) -> dict:
+    """A stored cell with the fields a cell written by an earlier mirasc lacks (its design key, state bytes and
+    head size), computed from its design and options; its training results are as stored."""
+    import mirasc
+
+    if "design" not in record:
+        record["design"] = design_key(cand.canonical, opts["task"], opts["task_config"], budget_of(opts))
+    if "state_bytes" not in record:
+        spec = mirasc.parse_text(cand.canonical)
+        head_dim = opts["layer"].get("head_dim") or opts["d_model"] // opts["heads"]
+        record.update(state_bytes=state_bytes(cand.module, spec, opts["heads"], head_dim,
+                                              opts["task_config"].seq_len),
+                      state_grows=not spec.parametric, head_dim=head_dim)
+    return record
+
+
 def design_key(canonical: str, task: str, task_config, budget: dict) -> str:
     """One design at one budget, over all seeds: the leaderboard's rows."""
     return cell_key(canonical, task, task_config, -1, budget)
@@ -911,7 +927,7 @@ def _grid(opts: dict) -> int:
     except KeyboardInterrupt:  # Ctrl-C: rank what finished, so the time spent is not lost
         interrupted = True
         print(f"\ninterrupted after {progress.done} of {len(todo)} cell(s) to train", file=sys.stderr)
-    cells = [stored[k] for _, _, k in jobs if k in stored]
+    cells = [complete_record(stored[k], c, per_cand[c.label]) for c, _, k in jobs if k in stored]
     rows = leaderboard(cells, opts["eval_lengths"], chance)
     print(format_table(rows, opts["eval_lengths"]))
     written = write_outputs(out, opts, rows, cells, dropped, opts["plots"])

@@ -288,6 +288,7 @@ class Objective:
                 except ValueError:
                     record = None  # a torn file: train again
             if record is not None:
+                X.complete_record(record, cand, copts)
                 for step, acc in record.get("eval_curve", []):
                     self._report(trial, optuna, acc, i * steps + step, seed, step, reference)
             else:
