@@ -85,7 +85,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--sampler", choices=SAMPLERS, default=None,
                    help="run a study: grid (the grid's cells), tpe or random over the axes given")
     sg.add_argument("--trials", type=int, default=None,
-                   help="trials this invocation runs, all workers together (default: the grid; 20 for tpe, random)")
+                   help="designs this invocation trains (illegal ones apart), all workers together (default: the "
+                        "grid; 20 for tpe, random)")
     sg.add_argument("--workers", type=int, default=None, help="worker processes on this machine (default 1)")
     sg.add_argument("--study", metavar="URL", default=None,
                    help="Optuna storage: a database URL (default sqlite:///OUT/study.db) or a journal file "

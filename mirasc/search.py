@@ -29,6 +29,7 @@ from .explore import UsageError
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
 MAX_RETRY = 3
+MAX_ATTEMPTS = 50          # sampled trials per counted (legal) one before a worker gives up
 
 
 def _optuna():
@@ -205,6 +206,7 @@ class Objective:
     def __init__(self, opts: dict, worker: int = 0):
         self.opts, self.worker = opts, worker
         self.every = eval_every(opts)
+        self.illegal = False       # whether the last trial was an illegal combination
 
     def candidate(self, trial):
         import mirasc
@@ -252,12 +254,14 @@ class Objective:
 
     def _run(self, trial, optuna):
         opts = self.opts
+        self.illegal = False
         cand, values, reason = self.candidate(trial)
         if not reason:
             try:
                 copts = X.cell_opts(cand, opts, values)
             except UsageError as err:
                 reason = str(err)
+        self.illegal = bool(reason)
         if reason:
             trial.set_user_attr("illegal", reason)
             trial.set_user_attr("label", _label(cand.label, values))
@@ -406,9 +410,22 @@ def work(opts: dict, n_trials: int | None, worker: int = 0) -> int:
         return 0
     if n_trials is None and opts["sampler"] == "grid" and not _grid_left(study):
         return 0
+    objective = Objective(opts, worker)
     try:
-        study.optimize(Objective(opts, worker), n_trials=n_trials, callbacks=[_announce], catch=(Exception,),
-                       gc_after_trial=False)
+        if n_trials is None:
+            study.optimize(objective, n_trials=None, callbacks=[_announce], catch=(Exception,))
+            return 0
+        counted = attempts = 0
+        while counted < n_trials:      # an illegal combination takes no time and does not count
+            if opts["sampler"] == "grid" and not _grid_left(study):
+                break
+            if attempts >= MAX_ATTEMPTS * n_trials:
+                print(f"worker {worker}: {attempts} trials sampled, only {counted} legal: stopping (the axes given "
+                      "have few legal combinations; narrow them or use the grid sampler)", file=sys.stderr)
+                break
+            study.optimize(objective, n_trials=1, callbacks=[_announce], catch=(Exception,))
+            attempts += 1
+            counted += not objective.illegal
     except KeyboardInterrupt:
         return 130
     return 0
@@ -450,6 +467,8 @@ def run_study(opts: dict) -> int:
         trials = DEFAULT_TRIALS
     if trials is not None and trials:
         trials += enqueued
+    if not axis_choices(opts) and trials != 0:
+        trials = len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))  # only the references
     workers = int(opts["workers"])
     every = eval_every(opts)
     print(f"explore study {opts['study_name']!r} in {storage_url(opts)}: sampler {opts['sampler']}, pruner "

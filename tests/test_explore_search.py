@@ -145,6 +145,19 @@ def test_interrupted_study_resumes_with_the_interrupted_trial(tmp_path, capsys, 
     assert len(_rows(out)) == 3
 
 
+def test_illegal_combinations_do_not_count_as_trials(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = ["--memory", "mlp", "--learner", "implicit", "gd"] + ONE + [
+        "--steps", "2", "--out", str(tmp_path / "run"), "--sampler", "random", "--trials", "3", "--study", url]
+    assert explore.main(argv) == 0
+    trials = _study(url).get_trials()
+    assert sum("illegal" not in t.user_attrs for t in trials) == 3
+    assert all(t.params["learner"] == "implicit" for t in trials if "illegal" in t.user_attrs)
+    assert all(t.state.name == "COMPLETE" for t in trials if "illegal" not in t.user_attrs)
+    # every sampled design trained once: the others take its value
+    assert sum("same_as" in t.user_attrs for t in trials) == 2
+
+
 def test_two_invocations_and_two_workers_add_to_one_study(tmp_path, capsys):
     """Two worker processes on a SQLite study, then a second invocation on the same study with another sampler:
     the trials add up; every row has its state size, parameters and time per step; reference specs are fixed
