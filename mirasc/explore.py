@@ -223,6 +223,9 @@ def resolve(args: argparse.Namespace) -> dict:
         raise UsageError("trials must be >= 0 (0: only write the leaderboard of the study)")
     if opts["eval_every"] is not None and int(opts["eval_every"]) < 1:
         raise UsageError("eval_every must be >= 1")
+    for name, k in opts["knobs"].items():
+        if opts["sampler"] == "grid" and k.kind != "choice":
+            raise UsageError(f"the grid sampler needs a list of values for {name}, not a range (A,B,C)")
     if opts["knobs"] and not (opts["sampler"] or opts["study"]):
         raise UsageError("--search-lr and --search-layer sample values in a study: give --sampler (or --study)")
     return opts

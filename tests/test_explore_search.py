@@ -201,9 +201,11 @@ def test_a_study_made_with_other_settings_is_refused_and_journal_storage(tmp_pat
 
     study = optuna.load_study(study_name="explore", storage=JournalStorage(JournalFileBackend(str(journal))))
     assert _states(study) == ["COMPLETE"]
-    assert explore.main(["--memory", "linear", "--sampler", "grid", "--search-lr", "1e-3:1e-2"] + ONE) == 2
+    other = ["--out", str(tmp_path / "other")]
+    assert explore.main(["--memory", "linear", "--sampler", "grid", "--search-lr", "1e-3:1e-2"] + ONE + other) == 2
     assert "the grid sampler needs a list of values for lr" in capsys.readouterr().err
-    assert explore.main(["--memory", "linear", "--search-lr", "1e-3:1e-2"] + ONE) == 2   # knobs need a study
+    assert explore.main(["--memory", "linear", "--search-lr", "1e-3:1e-2"] + ONE + other) == 2   # knobs need a study
+    assert not (tmp_path / "other").exists()                    # refused before anything is written
 
 
 def test_a_crashed_worker_loses_only_its_running_trial(tmp_path):
