@@ -386,7 +386,10 @@ def state_bytes(module, spec, heads: int, head_dim: int, seq_len: int) -> int:
     """Bytes of one layer's recurrent state for one sequence: every entry of the module's state (memory weights,
     momentum buffers, the Omega window, a preconditioner's statistic) at `heads` heads of `head_dim`; for a
     nonparametric memory, its key/value cache (and log weights) after `seq_len` tokens, or after its window."""
-    state = module.init_state(1, heads, head_dim, head_dim)
+    try:   # shapes only: no memory is allocated
+        state = module.init_state(1, heads, head_dim, head_dim, device="meta")
+    except (RuntimeError, NotImplementedError, TypeError):
+        state = module.init_state(1, heads, head_dim, head_dim)
     if spec.parametric:
         return sum(t.numel() * t.element_size() for t in state.values())
     window = getattr(spec.memory, "window", 0) or 0
@@ -403,8 +406,9 @@ MAX_HEAD_DIM = 4096
 
 
 def fit_head_dim(cand: Candidate, opts: dict) -> int:
-    """The largest head_dim whose state per layer (`state_bytes` at the training length) is within
-    opts["state_budget"]; 0 when even head_dim 1 exceeds it. The state grows with head_dim, so a bisection finds it."""
+    """The largest head_dim (at most MAX_HEAD_DIM) whose state per layer (`state_bytes` at the training length) is
+    within opts["state_budget"]; 0 when even head_dim 1 exceeds it. The state grows with head_dim, so doubling and
+    then bisection find it."""
     import mirasc
 
     spec = mirasc.parse_text(cand.canonical)
@@ -415,9 +419,11 @@ def fit_head_dim(cand: Candidate, opts: dict) -> int:
 
     if not fits(1):
         return 0
-    lo, hi = 1, MAX_HEAD_DIM
-    if fits(hi):
-        return hi
+    lo, hi = 1, 2
+    while fits(hi):           # doubling, then bisection between the last size that fits and the first that does not
+        if hi >= MAX_HEAD_DIM:
+            return MAX_HEAD_DIM
+        lo, hi = hi, min(2 * hi, MAX_HEAD_DIM)
     while hi - lo > 1:        # fits(lo) and not fits(hi)
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
