@@ -118,7 +118,8 @@ def make_sampler(opts: dict):
         return optuna.samplers.GridSampler(space) if space else optuna.samplers.RandomSampler()
     if name == "random":
         return optuna.samplers.RandomSampler()
-    return optuna.samplers.TPESampler()
+    # constant liar: a running trial counts as a poor result, so that workers running at once spread out
+    return optuna.samplers.TPESampler(constant_liar=True)
 
 
 def make_pruner(opts: dict):
