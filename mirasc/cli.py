@@ -328,7 +328,8 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_explain)
     from . import explore, train_config  # argument definitions only: neither imports torch
 
-    p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task (--help)")
+    p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task, or search them in an "
+                       "Optuna study (--help)")
     explore.add_arguments(p)
     p.set_defaults(fn=explore.run)
     p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
