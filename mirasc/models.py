@@ -117,8 +117,8 @@ class LanguageModel(nn.Module):
 
     def step(self, token, cache, mask=None):
         """token [B] -> logits [B, V] for the next byte; O(1) memory per token for parametric mixers. mask:
-        optional [B] booleans, False where the token is padding: those rows' caches stay as they were given
-        (the mixer's `step(..., mask=)`), so each row reads only its own tokens."""
+        optional [B] booleans, False where the token is padding, which every mixer's cache skips (the mixer's
+        `step(..., mask=)`), so each row reads only its own tokens."""
         x = self.embed(token)
         new_cache = []
         for block, c in zip(self.blocks, cache):

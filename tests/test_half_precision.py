@@ -2,7 +2,8 @@
 the Layer's cache keeps the memory state in float32 for bf16/fp16 parameters (their own dtype for float32 and
 float64), bf16 decoding agrees with the bf16 forward, bf16 inputs to `apply` are computed in float32 (a decay near
 1 is not rounded to bf16), integer inputs are refused, and `Layer.step(..., mask=)` skips padding tokens exactly
-(each row of a left-padded batch computes what its tokens alone give, also across mini-batch boundaries)."""
+(each row of a left-padded batch computes what its tokens alone give, also across mini-batch boundaries and
+through attention caches)."""
 
 from __future__ import annotations
 
@@ -126,10 +127,25 @@ def test_padding_is_skipped_exactly(name, minibatch):
     assert cache["carry"]["t"].tolist() == [13 - p for p in pads]
 
 
-def test_attention_refuses_padding():
-    layer = _module("transformer").Layer(16, 2)
-    x = torch.randn(2, 16)
-    cache = layer.init_cache(2)
-    _, cache = layer.step(x, cache, mask=torch.tensor([True, True]))  # no padding: accepted
-    with pytest.raises(ValueError, match="cannot skip padding tokens"):
-        layer.step(x, cache, mask=torch.tensor([False, True]))
+@pytest.mark.parametrize("name, window", [("transformer", None), ("forgetting_transformer", None), ("mta", None),
+                                          ("stickbreaking", None), ("sliding_window", 4)])
+def test_attention_skips_left_padding_exactly(name, window):
+    """Attention caches keep the padding pairs, marked, and every read skips them: each row equals its tokens
+    alone, also through a sliding window shorter than the padding; padding after a row's first token (a gap,
+    which would shift the positions of the keys before it) is refused."""
+    text = (SPECS / f"{name}.miras").read_text()
+    if window is not None:
+        text = text.replace("window=64", f"window={window}")
+    layer = mirasc.compile_spec(text).Layer(16, 2).double()
+    x = torch.randn(3, 13, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    pads = [5, 2, 0]
+    mask = torch.arange(13)[None, :] >= torch.tensor(pads)[:, None]
+    with torch.no_grad():
+        stepped, cache = _steps(layer, x, layer.init_cache(3), mask)
+        assert torch.isfinite(stepped).all() and not stepped[0, :5].any()  # a padding row reads nothing
+        for row, pad in enumerate(pads):
+            torch.testing.assert_close(stepped[row:row + 1, pad:], layer(x[row:row + 1, pad:]), rtol=0, atol=1e-12)
+        if window is not None:
+            assert cache["carry"]["K"].shape[2] == window
+        with pytest.raises(ValueError, match="only before a row's first token"):
+            layer.step(x[:, 0], cache, mask=torch.tensor([True, False, True]))

@@ -233,13 +233,15 @@ def _left_padded(prompts, pad):
     return ids, mask
 
 
-@pytest.mark.parametrize("name", ["gated_deltanet", "titans"])
-def test_left_padded_batch_equals_each_prompt_alone(tmp_path, name):
+@pytest.mark.parametrize("name, hybrid", [("gated_deltanet", 0), ("titans", 0), ("gated_deltanet", 2),
+                                          ("transformer", 0)])
+def test_left_padded_batch_equals_each_prompt_alone(tmp_path, name, hybrid):
     """generate() on a left-padded batch of unequal prompts (attention_mask) gives each row what the prompt
     alone gives: the same tokens, the same logits (float64). Titans runs with minibatch(4), so that rows padded
-    by 6 and 3 tokens cross their mini-batch boundaries at other columns than the unpadded row."""
+    by 6 and 3 tokens cross their mini-batch boundaries at other columns than the unpadded row; the hybrid stack's
+    second block is sliding-window attention over 4 tokens, and the transformer's cache keeps every pair."""
     text = (SPECS / f"{name}.miras").read_text().replace("minibatch(64)", "minibatch(4)")
-    hf.export(text, tmp_path, LMConfig(**TINY), seed=0, dtype="float64")
+    hf.export(text, tmp_path, LMConfig(**TINY, hybrid_every=hybrid, window=4), seed=0, dtype="float64")
     _, model_cls = hf.classes()
     model = model_cls.from_pretrained(tmp_path).eval()
     g = torch.Generator().manual_seed(1)
@@ -257,15 +259,6 @@ def test_left_padded_batch_equals_each_prompt_alone(tmp_path, name):
             torch.testing.assert_close(batch_logits[i], torch.stack(alone.logits, 1)[0], rtol=0, atol=1e-12)
             torch.testing.assert_close(whole[i, ids.shape[1] - len(p):], model(p[None]).logits[0], rtol=0,
                                        atol=1e-12)
-
-
-def test_padding_refused_for_attention(tmp_path):
-    hf.export(SPECS / "transformer.miras", tmp_path, LMConfig(**TINY), seed=0)
-    _, model_cls = hf.classes()
-    model = model_cls.from_pretrained(tmp_path).eval()
-    ids, mask = _left_padded([torch.tensor([5, 6, 7]), torch.tensor([8])], pad=0)
-    with torch.no_grad(), pytest.raises(ValueError, match="cannot skip padding tokens"):
-        model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0)
 
 
 def test_special_token_ids_in_configs(tmp_path):
