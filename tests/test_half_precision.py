@@ -136,7 +136,8 @@ def test_attention_skips_left_padding_exactly(name, window):
     text = (SPECS / f"{name}.miras").read_text()
     if window is not None:
         text = text.replace("window=64", f"window={window}")
-    layer = mirasc.compile_spec(text).Layer(16, 2).double()
+    mod = mirasc.compile_spec(text)
+    layer = mod.Layer(16, 2).double()
     x = torch.randn(3, 13, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     pads = [5, 2, 0]
     mask = torch.arange(13)[None, :] >= torch.tensor(pads)[:, None]
@@ -149,3 +150,7 @@ def test_attention_skips_left_padding_exactly(name, window):
             assert cache["carry"]["K"].shape[2] == window
         with pytest.raises(ValueError, match="only before a row's first token"):
             layer.step(x[:, 0], cache, mask=torch.tensor([True, False, True]))
+        q = torch.randn(3, 1, 2, 8, dtype=torch.float64)
+        gates = {n: torch.full((3, 1, 2), 0.9, dtype=torch.float64) for n in mod.GATES}
+        with pytest.raises(ValueError, match="holds padding tokens"):  # apply would read the padding pairs
+            mod.apply(q, q, q, gates, state=cache["carry"], backend="torch")
