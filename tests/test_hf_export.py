@@ -47,14 +47,27 @@ LOADER = textwrap.dedent('''
             logits = model(case["x"]).logits
             calls.clear()
             generated = model.generate(case["prompt"], max_new_tokens=32, do_sample=False)
+            generate_calls = list(calls)
             model.save_pretrained(name + "-again")
             again = AutoModelForCausalLM.from_pretrained(name + "-again", trust_remote_code=True).eval()
             logits_again = again(case["x"]).logits
+            # a left-padded batch of the prompt and its first 3 tokens: each row as the prompt alone
+            short = case["prompt"][:, :3]
+            ids = torch.cat([case["prompt"], torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1)])
+            mask = torch.ones_like(ids)
+            mask[1, :4] = 0
+            padded = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            alone = model.generate(short, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            # in bf16: generate() runs, the memory state stays float32
+            half = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True, dtype=torch.bfloat16).eval()
+            half_generated = half.generate(case["prompt"], max_new_tokens=8, do_sample=False)
         report[name] = {
             "logits_err": (logits - case["logits"]).abs().max().item(),
             "same_generation": torch.equal(generated, case["generated"]),
-            "calls": calls,
+            "calls": generate_calls,
             "reload_err": (logits_again - logits).abs().max().item(),
+            "padded_same": torch.equal(padded[0, 7:], generated[0, 7:15]) and torch.equal(padded[1, 7:], alone[0, 3:]),
+            "half": [str(half.dtype), list(half_generated.shape)],
             "mirasc_loaded": any(m == "mirasc" or m.startswith("mirasc.") for m in sys.modules),
             "class": type(model).__name__,
         }
@@ -112,6 +125,7 @@ def test_exported_model_loads_without_mirasc(tmp_path, monkeypatch):
         # the cache was used: the 7-token prompt once, then one token per forward
         assert r["calls"] == [7] + [1] * 31, (name, r["calls"])
         assert r["reload_err"] == 0.0, (name, r)
+        assert r["padded_same"] and r["half"] == ["torch.bfloat16", [1, 15]], (name, r)
 
 
 def test_register_and_checkpoint_export(tmp_path):
