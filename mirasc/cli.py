@@ -265,10 +265,10 @@ def cmd_export(args) -> int:
         tokenizer = load_tokenizer(args.tokenizer)
         cfg = config_from(overrides={k: getattr(args, k) for k in
                                      ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window",
-                                      "layer_options", "dtype", "vocab_size")})
+                                      "layer_options", "vocab_size")})
         lm_config = cfg.lm_config()
         lm_config.vocab_size = cfg.vocab_size or tokenizer.vocab_size
-        out = hf.export(args.spec, args.hf, lm_config, seed=args.seed, dtype=cfg.dtype,
+        out = hf.export(args.spec, args.hf, lm_config, seed=args.seed, dtype=args.dtype,
                         tokenizer_files=tokenizer.files())
     except (TypeError, ValueError, OSError) as err:  # sizes, Layer options or a tokenizer the model rejects
         print(f"mirasc export: {err}", file=sys.stderr)
@@ -350,7 +350,8 @@ def main(argv=None) -> int:
                        help=f"[{default}] as in mirasc train")
     p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
                    help="JSON object of Layer options, as in mirasc train")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="weights dtype [float32]")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                   help="dtype of the saved weights, the one the model loads in by default [float32]")
     p.add_argument("--tokenizer", default=None, metavar="PATH",
                    help="a local tokenizer (tokenizer.json or a tokenizer folder) to export with the model; the "
                    "vocabulary follows it [bytes]")

@@ -5,7 +5,9 @@
 are installed: config.json (the spec text, the LM sizes, auto_map), modeling_mirasc.py (the emitted
 memory module, mirasc.models' standalone LanguageModel, and the wrapper in
 codegen/templates/hf_model.py.tmpl), model.safetensors, and the tokenizer (tokenizer.json and
-tokenizer_config.json: the one `mirasc train --tokenizer` used, else the byte tokenizer). A hybrid stack
+tokenizer_config.json: the one `mirasc train --tokenizer` used, else the byte tokenizer; the tokenizer's
+beginning-, end-of-sequence and padding token ids go into config.json and generation_config.json, so that
+`generate` stops at the end of a document and fills finished rows with the padding token). A hybrid stack
 (hybrid_every > 0) adds hybrid_mirasc.py, the compiled sliding-window attention module, imported by modeling_mirasc.py.
 
 `register()` makes the same wrapper, built in-process through mirasc, known to AutoConfig and
@@ -21,6 +23,8 @@ MODEL_TYPE = "mirasc"
 MODELING = "modeling_mirasc.py"
 HYBRID = "hybrid_mirasc.py"
 _TEMPLATE = Path(__file__).parent / "codegen" / "templates" / "hf_model.py.tmpl"
+EXPORT_DTYPES = ("float32", "float64", "bfloat16", "float16")
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # The exported file's LanguageModel factory: this module's Layer in every block; hybrid blocks (a
 # hybrid_every > 0 stack) from the sliding-window attention module beside it, with the options it takes.
@@ -78,6 +82,14 @@ def register() -> tuple[type, type]:
     return config_cls, model_cls
 
 
+def special_token_ids(tok) -> dict:
+    """The beginning-, end-of-sequence and padding token ids a tokenizer (mirasc.tokenizer's) declares, by the
+    names config.json and generation_config.json give them; the byte tokenizer declares none."""
+    inner = getattr(tok, "tok", None)
+    ids = {name: getattr(inner, name, None) for name in SPECIAL_IDS}
+    return {name: int(i) for name, i in ids.items() if isinstance(i, int)}
+
+
 def modeling_source(spec_text: str, path: str = "<spec>", hybrid: bool = False) -> str:
     """The text of modeling_mirasc.py: the emitted module, the LanguageModel, the factory and the wrapper."""
     from .cli import standalone_lm_source
@@ -107,13 +119,15 @@ def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype:
     """Write the Hugging Face model folder of `spec` (path or text) at `out_dir`. lm_config: a
     mirasc.models.LMConfig (default LMConfig()); state_dict: the LanguageModel's weights (e.g. a
     `mirasc train` checkpoint's "model"), else a fresh initialisation seeded with `seed`; dtype: of the
-    saved weights (float32 or float64).
+    saved weights (float32, float64, bfloat16 or float16; the model loads in it unless from_pretrained is
+    given another).
 
     tokenizer_files: the tokenizer the model reads ({file name: bytes}, mirasc.tokenizer's `files()`),
     written beside the model so that AutoTokenizer.from_pretrained(out_dir) loads it; without one, a
     byte-level model (vocab_size 256) gets the byte tokenizer (ids = UTF-8 bytes). config.json records
     `document_separator`, the tokens the training corpus put between documents (lm-eval's prefix token
-    for perplexities is its last one)."""
+    for perplexities is its last one), and config.json and generation_config.json the tokenizer's
+    `bos_token_id`, `eos_token_id` and `pad_token_id`, those it declares."""
     import dataclasses
 
     import torch
@@ -123,22 +137,26 @@ def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype:
     from .compiler import compile_text
     from .models import LMConfig, sliding_window_spec
 
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(EXPORT_DTYPES)}, not {dtype!r}")
     text, path = frontend.read_spec(spec)
     compile_text(text, path)  # a bad spec is reported here, located, before anything is written
     cfg = lm_config or LMConfig()
     if tokenizer_files is None and cfg.vocab_size == T.ByteTokenizer.vocab_size:
         tokenizer_files = T.byte_tokenizer_files()
-    separator = None
+    separator, special_ids = None, {}
     if tokenizer_files is not None:
         tok = T.tokenizer_from_files(tokenizer_files)
         if tok.vocab_size > cfg.vocab_size:
             raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model's vocabulary is "
                              f"{cfg.vocab_size}")
         separator = tok.separator
+        special_ids = special_token_ids(tok)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config_cls, model_cls = classes()
     extra = {"document_separator": list(separator)} if separator is not None else {}
+    extra.update(special_ids)
     config = config_cls(spec=text, **dataclasses.asdict(cfg), **extra, architectures=["MirascForCausalLM"],
                         auto_map={"AutoConfig": "modeling_mirasc.MirascConfig",
                                   "AutoModelForCausalLM": "modeling_mirasc.MirascForCausalLM"})

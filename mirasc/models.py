@@ -3,8 +3,8 @@ tied byte-level embeddings, hybrid stacks, and cached generation.
 
 This file imports only torch (and the standard library) on purpose: `mirasc compile --model` appends
 it to the emitted module, so a model file stays standalone. Mixers are given as factories
-`make(d_model, num_heads) -> nn.Module` with `forward(x)`, `init_cache(batch)`, `step(x_t, cache)` —
-exactly the emitted `Layer` API.
+`make(d_model, num_heads) -> nn.Module` with `forward(x)`, `init_cache(batch)`, `step(x_t, cache)` (and
+`step(x_t, cache, mask=...)` for batches with padding) — exactly the emitted `Layer` API.
 """
 
 from __future__ import annotations
@@ -68,8 +68,11 @@ class Block(nn.Module):
         x = x + self.mixer(self.mixer_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
-    def step(self, x_t, cache):
-        h, cache = self.mixer.step(self.mixer_norm(x_t), cache)
+    def step(self, x_t, cache, mask=None):
+        if mask is None:
+            h, cache = self.mixer.step(self.mixer_norm(x_t), cache)
+        else:
+            h, cache = self.mixer.step(self.mixer_norm(x_t), cache, mask=mask)
         x_t = x_t + h
         return x_t + self.mlp(self.mlp_norm(x_t)), cache
 
@@ -112,12 +115,14 @@ class LanguageModel(nn.Module):
     def init_cache(self, batch_size):
         return [block.mixer.init_cache(batch_size) for block in self.blocks]
 
-    def step(self, token, cache):
-        """token [B] -> logits [B, V] for the next byte; O(1) memory per token for parametric mixers."""
+    def step(self, token, cache, mask=None):
+        """token [B] -> logits [B, V] for the next byte; O(1) memory per token for parametric mixers. mask:
+        optional [B] booleans, False where the token is padding, which every mixer's cache skips (the mixer's
+        `step(..., mask=)`), so each row reads only its own tokens."""
         x = self.embed(token)
         new_cache = []
         for block, c in zip(self.blocks, cache):
-            x, c = block.step(x, c)
+            x, c = block.step(x, c, mask)
             new_cache.append(c)
         return F.linear(self.norm(x), self.embed.weight), new_cache
 

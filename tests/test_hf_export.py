@@ -47,14 +47,27 @@ LOADER = textwrap.dedent('''
             logits = model(case["x"]).logits
             calls.clear()
             generated = model.generate(case["prompt"], max_new_tokens=32, do_sample=False)
+            generate_calls = list(calls)
             model.save_pretrained(name + "-again")
             again = AutoModelForCausalLM.from_pretrained(name + "-again", trust_remote_code=True).eval()
             logits_again = again(case["x"]).logits
+            # a left-padded batch of the prompt and its first 3 tokens: each row as the prompt alone
+            short = case["prompt"][:, :3]
+            ids = torch.cat([case["prompt"], torch.cat([torch.zeros(1, 4, dtype=torch.long), short], 1)])
+            mask = torch.ones_like(ids)
+            mask[1, :4] = 0
+            padded = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            alone = model.generate(short, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            # in bf16: generate() runs, the memory state stays float32
+            half = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True, dtype=torch.bfloat16).eval()
+            half_generated = half.generate(case["prompt"], max_new_tokens=8, do_sample=False)
         report[name] = {
             "logits_err": (logits - case["logits"]).abs().max().item(),
             "same_generation": torch.equal(generated, case["generated"]),
-            "calls": calls,
+            "calls": generate_calls,
             "reload_err": (logits_again - logits).abs().max().item(),
+            "padded_same": torch.equal(padded[0, 7:], generated[0, 7:15]) and torch.equal(padded[1, 7:], alone[0, 3:]),
+            "half": [str(half.dtype), list(half_generated.shape)],
             "mirasc_loaded": any(m == "mirasc" or m.startswith("mirasc.") for m in sys.modules),
             "class": type(model).__name__,
         }
@@ -112,6 +125,7 @@ def test_exported_model_loads_without_mirasc(tmp_path, monkeypatch):
         # the cache was used: the 7-token prompt once, then one token per forward
         assert r["calls"] == [7] + [1] * 31, (name, r["calls"])
         assert r["reload_err"] == 0.0, (name, r)
+        assert r["padded_same"] and r["half"] == ["torch.bfloat16", [1, 15]], (name, r)
 
 
 def test_register_and_checkpoint_export(tmp_path):
@@ -182,3 +196,112 @@ def test_train_export_hf(tmp_path):
     x = torch.randint(0, 256, (1, 12))
     with torch.no_grad():
         assert torch.equal(exported(x).logits, trained(x))
+
+
+# -- half precision, padding, special tokens ------------------------------------------------------------------------
+def _greedy_by_steps(lm, prompt, n):
+    """Greedy decoding through LanguageModel.step, token by token: the tokens and each step's logits."""
+    cache, logits = lm.init_cache(prompt.shape[0]), None
+    for t in range(prompt.shape[1]):
+        logits, cache = lm.step(prompt[:, t], cache)
+    tokens, all_logits = [], []
+    for _ in range(n):
+        all_logits.append(logits)
+        tokens.append(logits.argmax(-1))
+        logits, cache = lm.step(tokens[-1], cache)
+    return torch.cat([prompt, torch.stack(tokens, 1)], 1), torch.stack(all_logits, 1)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "titans"])
+def test_bf16_generate_equals_bf16_step_decoding(tmp_path, name):
+    """An exported model in bf16 generates; its tokens and logits are those of its own bf16 step-by-step
+    decoding, and the cached decoding agrees with the bf16 whole-sequence forward to bf16 rounding."""
+    _, model_cls = hf.classes()
+    if name == "gated_deltanet":  # saved in bf16 (`--dtype bfloat16`): it loads in bf16
+        assert cli.main(["export", str(SPECS / f"{name}.miras"), "--hf", str(tmp_path), "--d-model", "32",
+                         "--n-layers", "2", "--n-heads", "2", "--dtype", "bfloat16"]) == 0
+        model = model_cls.from_pretrained(tmp_path).eval()
+    else:  # saved in float32, loaded in bf16
+        hf.export(SPECS / f"{name}.miras", tmp_path, LMConfig(**TINY), seed=0)
+        model = model_cls.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    assert model.dtype == torch.bfloat16
+    prompt = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=12, do_sample=False, return_dict_in_generate=True,
+                             output_logits=True)
+        sequences, logits = _greedy_by_steps(model.model, prompt, 12)
+        assert logits.dtype == torch.bfloat16
+        assert torch.equal(out.sequences, sequences)
+        assert torch.equal(torch.stack(out.logits, 1), logits.float())
+        full = model(out.sequences).logits[:, 5:-1].float()
+    scale = full.abs().max().item()
+    assert (full - logits.float()).abs().max().item() <= 4 * 2 ** -8 * scale
+
+
+def _left_padded(prompts, pad):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("name, hybrid", [("gated_deltanet", 0), ("titans", 0), ("gated_deltanet", 2),
+                                          ("transformer", 0)])
+def test_left_padded_batch_equals_each_prompt_alone(tmp_path, name, hybrid):
+    """generate() on a left-padded batch of unequal prompts (attention_mask) gives each row what the prompt
+    alone gives: the same tokens, the same logits (float64). Titans runs with minibatch(4), so that rows padded
+    by 6 and 3 tokens cross their mini-batch boundaries at other columns than the unpadded row; the hybrid stack's
+    second block is sliding-window attention over 4 tokens, and the transformer's cache keeps every pair."""
+    text = (SPECS / f"{name}.miras").read_text().replace("minibatch(64)", "minibatch(4)")
+    hf.export(text, tmp_path, LMConfig(**TINY, hybrid_every=hybrid, window=4), seed=0, dtype="float64")
+    _, model_cls = hf.classes()
+    model = model_cls.from_pretrained(tmp_path).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, 256, (n,), generator=g) for n in (9, 3, 6)]
+    ids, mask = _left_padded(prompts, pad=0)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                             return_dict_in_generate=True, output_logits=True)
+        batch_logits = torch.stack(out.logits, 1)
+        whole = model(ids, attention_mask=mask).logits  # no cache: left padding runs through a fresh cache
+        for i, p in enumerate(prompts):
+            alone = model.generate(p[None], max_new_tokens=10, do_sample=False, pad_token_id=0,
+                                   return_dict_in_generate=True, output_logits=True)
+            assert torch.equal(out.sequences[i, ids.shape[1]:], alone.sequences[0, len(p):]), i
+            torch.testing.assert_close(batch_logits[i], torch.stack(alone.logits, 1)[0], rtol=0, atol=1e-12)
+            torch.testing.assert_close(whole[i, ids.shape[1] - len(p):], model(p[None]).logits[0], rtol=0,
+                                       atol=1e-12)
+
+
+def test_special_token_ids_in_configs(tmp_path):
+    """The tokenizer's end-of-sequence and padding ids go into config.json and generation_config.json (generate
+    stops at the end of a document); the byte tokenizer declares none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GenerationConfig
+
+    from mirasc.tokenizer import load_tokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the cat sat on the mat"] * 8, trainers.BpeTrainer(
+        vocab_size=280, special_tokens=["<|endoftext|>", "<pad>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "tok.json"))
+    tokenizer = load_tokenizer(tmp_path / "tok.json")
+    tokenizer.tok.pad_token = "<pad>"
+    eos, pad = tokenizer.tok.eos_token_id, tokenizer.tok.pad_token_id
+    assert (eos, pad) == (0, 1) and tokenizer.tok.bos_token_id is None
+    out = tmp_path / "model"
+    hf.export(SPECS / "gated_deltanet.miras", out, LMConfig(vocab_size=280, **TINY), tokenizer_files=tokenizer.files())
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == eos and config["pad_token_id"] == pad and config.get("bos_token_id") is None
+    generation = GenerationConfig.from_pretrained(out)
+    assert generation.eos_token_id == eos and generation.pad_token_id == pad and generation.bos_token_id is None
+    _, model_cls = hf.classes()
+    assert model_cls.from_pretrained(out).generation_config.eos_token_id == eos
+
+    hf.export(SPECS / "gated_deltanet.miras", tmp_path / "bytes", LMConfig(**TINY))
+    config = json.loads((tmp_path / "bytes" / "config.json").read_text())
+    assert all(config.get(name) is None for name in ("bos_token_id", "eos_token_id", "pad_token_id"))

@@ -37,6 +37,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
                                "omega": spec.window > 1,  # the carried window win_* is not learned
                                "precond": spec.precond,  # the statistic a is carried beside the memory
                                "extras": bool(spec.extras),  # key inputs besides q, k (κ)
+                               # an attention cache holds every past key: a padding token cannot be skipped in place
+                               "nonparametric": spec.memory.kind == "nonparametric",
                                "kl_positive": positive == "softmax"})
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{UNREAD}}", repr(tuple(unread))))
