@@ -49,6 +49,8 @@ if [ "$MODE" = atlas ]; then
 fi
 
 python3 -c "import fla, titans_pytorch; print('fla', fla.__version__, 'titans_pytorch ok')" 2>&1 | tail -1
+log "the state scan's TF32 / bf16 / fp32 builds alone (benchmarks/tf32_wgmma_repro.py; a fault is a row, not a stop)"
+timeout 60 python3 benchmarks/tf32_wgmma_repro.py --run 2>&1 | grep -v Warning | tail -4
 log "gpu_check"
 timeout "$CHECK_S" python3 benchmarks/gpu_check.py --emitted benchmarks/emitted --jobs 14 --spec-timeout-s 150 \
     --budget-s $((CHECK_S - 60)) --deadline-s $((CHECK_S - 10)) --out "$OUT/gpu_check.md" > "$OUT/gpu_check.log" 2>&1
