@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--layers", type=int, default=None, help=f"default {DEFAULTS['layers']}")
     t.add_argument("--heads", type=int, default=None, help=f"default {DEFAULTS['heads']} (head_dim = d_model/heads)")
     t.add_argument("--layer", nargs="+", metavar="KEY=VALUE", default=None,
-                   help="Layer options for every cell, e.g. conv=4 gate_rank=16 (options a layer lacks are skipped)")
+                   help="Layer options for every cell, e.g. conv=4 gate_rank=16 (checked as a spec's layer block is)")
     t.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (default 0 1)")
     t.add_argument("--eval-examples", type=int, default=None, help=f"default {DEFAULTS['eval_examples']}")
     t.add_argument("--log-every", type=int, default=None, help="loss-curve resolution in steps (default 10)")
@@ -144,6 +144,11 @@ def resolve(args: argparse.Namespace) -> dict:
         opts[key] = flag if flag is not None else data.get(key, DEFAULTS.get(key))
     opts["task_opt"] = _pairs(opts["task_opt"])
     opts["layer"] = _pairs(opts["layer"])
+    from .layer_options import check as check_layer_options
+
+    problems = check_layer_options(opts["layer"])
+    if problems:
+        raise UsageError("--layer: " + "; ".join(problems))
     opts["spec"] = list(opts["spec"] or [])
     if opts["seq_len"] is not None:
         opts["task_opt"]["seq_len"] = opts["seq_len"]

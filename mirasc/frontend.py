@@ -96,13 +96,27 @@ def parse_file(path: str | Path) -> S.Spec:
 
 def read_spec(text_or_path: str | Path) -> tuple[str, str]:
     """(text, path) of a spec given as text or as a path to a .miras file."""
-    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
+    if isinstance(text_or_path, Path) or _looks_like_path(str(text_or_path)):
         p = Path(text_or_path)
+        if not p.exists():
+            twin = p.with_name(p.name + ".miras") if p.suffix != ".miras" else None
+            hint = f" (did you mean {twin}?)" if twin is not None and twin.is_file() else ""
+            raise SpecError(str(p), 1, 1, f"cannot read spec file: no such file{hint}")
+        if p.is_dir():
+            raise SpecError(str(p), 1, 1, "cannot read spec file: it is a directory (a spec is a .miras file)")
         try:
             return p.read_text(encoding="utf-8"), str(p)
         except (OSError, UnicodeDecodeError) as err:
             raise SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
     return str(text_or_path), "<spec>"
+
+
+def _looks_like_path(s: str) -> bool:
+    """Spec text always has `{`; a one-line string without one that names a .miras file, has a path separator or
+    names an existing file is a path."""
+    if "{" in s or "\n" in s or not s.strip():
+        return False
+    return s.endswith(".miras") or "/" in s or "\\" in s or Path(s).exists()
 
 
 def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
@@ -173,7 +187,7 @@ class _Builder:
             try:
                 self._field(f, seen, values)
             except SpecError as err:
-                errors.append(err)
+                errors.extend(err.all)  # a layer block reports each of its bad settings
                 name = str(f.children[0])
                 # a misspelt field name stands for the field it resembles: do not also call that one missing
                 failed.update([name, *difflib.get_close_matches(name, S.FIELDS, n=1, cutoff=0.6)])
@@ -229,25 +243,33 @@ class _Builder:
             raise self.err(name_tok, f"unknown block `{name_tok}`{suggest(str(name_tok), ['layer'])}; the only "
                            "block is `layer { ... }` (fields are written `name = form`)")
         params = S.params_of(S.LayerOptions)
-        kwargs, where = {}, {}
-        for st in settings:
+        kwargs, where, errors = {}, {}, []
+        for st in settings:  # every bad setting is reported, in file order
             key_tok, expr = st.children
             key = str(key_tok)
-            if key not in params:
-                raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
-                               f"{_one_of(params)}")
-            if key in kwargs:
-                raise self.err(key_tok, f"layer option `{key}` given twice")
-            kwargs[key] = self.value("layer", "layer", key, expr)
-            where[key] = expr
-            self._check_kind(S.LayerOptions, "layer", key, kwargs[key], expr)
+            try:
+                if key not in params:
+                    raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
+                                   f"{_one_of(params)}")
+                if key in where:
+                    raise self.err(key_tok, f"layer option `{key}` given twice")
+                where[key] = expr
+                value = self.value("layer", "layer", key, expr)
+                self._check_kind(S.LayerOptions, "layer", key, value, expr)
+                kwargs[key] = value
+            except SpecError as err:
+                errors.append(err)
         try:
-            return S.LayerOptions(**kwargs)
+            options = S.LayerOptions(**kwargs)
         except ValidationError as ve:
-            first = ve.errors()[0]
-            key = str(first.get("loc", ("",))[0])
-            raise self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
-                           f"{_explain(S.LayerOptions, key, first)}") from None
+            for e in ve.errors():
+                key = str(e.get("loc", ("",))[0])
+                errors.append(self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
+                                       f"{_explain(S.LayerOptions, key, e)}"))
+        if errors:
+            errors.sort(key=lambda e: (e.line, e.col))
+            raise SpecError.several(errors)
+        return options
 
     @staticmethod
     def _find_arg(form: Tree, param: str):

@@ -96,6 +96,14 @@ class TrainConfig:
             raise ValueError(f"data_format must be auto, text, jsonl, parquet or datasets, got {self.data_format!r}")
         if not isinstance(self.layer_options, dict):
             raise ValueError("layer_options must be a JSON object")
+        from .layer_options import check as check_layer_options
+        from .layer_options import layer_size_problems
+
+        head_dim = self.layer_options.get("head_dim", 0)
+        problems = check_layer_options(self.layer_options) + layer_size_problems(
+            self.d_model, self.n_heads, head_dim if isinstance(head_dim, int) else 0)
+        if problems:
+            raise ValueError("layer options: " + "; ".join(problems))
 
 
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

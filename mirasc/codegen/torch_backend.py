@@ -12,7 +12,7 @@ from pathlib import Path
 import sympy as sp
 
 from .. import derive as D
-from .. import ir
+from .. import ir, layer_options
 from .. import spec as S
 from ..explain import equations
 from . import triton_backend, triton_minibatch
@@ -39,6 +39,8 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
                                "extras": bool(spec.extras),  # key inputs besides q, k (κ)
                                "kl_positive": positive == "softmax"})
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+            .replace("{{LAYER_SCHEMA}}", repr(layer_options.schema()))
+            .replace("{{LAYER_CHECKS}}", "\n" + layer_options.source())
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
