@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 CHECKPOINT = "checkpoint.pt"
@@ -94,6 +95,8 @@ class TrainConfig:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
         if self.data_format not in ("auto", "text", "jsonl", "parquet", "datasets"):
             raise ValueError(f"data_format must be auto, text, jsonl, parquet or datasets, got {self.data_format!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device {self.device!r}: not a device mirasc runs on; use {DEVICE_FORMS}")
         if not isinstance(self.layer_options, dict):
             raise ValueError("layer_options must be a JSON object")
         from .layer_options import check as check_layer_options
@@ -107,6 +110,64 @@ class TrainConfig:
 
 
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+
+
+def resolve_device(name: str, local_rank: int = 0):
+    """The torch.device for a --device value ("auto": CUDA device `local_rank` when there is one, else the CPU).
+    Raises ValueError for a value that is no device mirasc runs on, or a CUDA device this torch cannot reach."""
+    import re
+
+    import torch
+
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name!r}: not a device mirasc runs on; use {DEVICE_FORMS}")
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: this torch sees no CUDA device (torch.cuda.is_available() is False; "
+                             "a CPU-only build, or no GPU here); use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: there are {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    return device
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "step", "config", "spec")
+
+
+def read_checkpoint(path, keys=CHECKPOINT_KEYS) -> dict:
+    """A `mirasc train` checkpoint file (or a run directory's): its dict, checked to carry `keys`. Raises
+    FileNotFoundError for a missing file and ValueError naming the file for one that is empty, truncated,
+    corrupt or of another kind; whatever torch.load's unpickler raises on a damaged file becomes that ValueError."""
+    from pathlib import Path
+
+    import torch
+
+    src = Path(path)
+    if src.is_dir():
+        src = src / CHECKPOINT
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: no such checkpoint")
+    if src.stat().st_size == 0:
+        raise ValueError(f"{src}: the checkpoint file is empty")
+    try:
+        ckpt = torch.load(src, map_location="cpu", weights_only=False)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a damaged file makes the unpickler raise almost anything)
+        first = (str(err).splitlines() or [""])[0].split(". ")[0]  # torch's first sentence, not its advice
+        raise ValueError(f"{src}: not a readable mirasc train checkpoint (truncated or corrupt?): "
+                         f"{type(err).__name__}: {first}") from None
+    missing = [k for k in keys if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ValueError(f"{src}: not a mirasc train checkpoint (it lacks {', '.join(missing)})")
+    try:
+        config_from(ckpt["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{src}: the checkpoint's config is not valid: {err}") from None
+    return ckpt
 
 
 def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
