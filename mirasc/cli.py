@@ -327,6 +327,7 @@ def main(argv=None) -> int:
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
     from . import explore, train_config  # argument definitions only: neither imports torch
+    from .train_config import add_threads_argument
 
     p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task (--help)")
     explore.add_arguments(p)
@@ -359,6 +360,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("eval", help="run lm-eval on an exported model with local tasks (needs the eval extra)",
                        description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _eval_arguments(p)
+    add_threads_argument(p)
     p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("demo", help="compile a spec and run it on random input")
     p.add_argument("spec")
@@ -366,6 +368,7 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dim", type=int, default=32)
+    add_threads_argument(p)
     p.set_defaults(fn=cmd_demo)
     p = sub.add_parser("kernels", help="compile every Triton kernel a spec launches for a GPU target (no GPU needed) "
                        "and report registers, spills, shared memory and whether it fits",
@@ -392,6 +395,14 @@ def main(argv=None) -> int:
     from .frontend import SpecError
 
     try:
+        if "threads" in vars(args) and args.command in ("demo", "eval", "verify"):  # (train and explore: their own)
+            from .train_config import apply_threads
+
+            try:
+                apply_threads(args.threads)
+            except ValueError as err:
+                print(f"mirasc {args.command}: {err}", file=sys.stderr)
+                return 2
         return args.fn(args)
     except SpecError as err:
         for e in err.all:  # every error the front end found, one per line

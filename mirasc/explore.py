@@ -32,12 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+from .train_config import THREADS_HELP
+
 AXES = ("memory", "bias", "retention", "learner", "parallel")
 AXIS_DEFAULTS = {"memory": ["linear"], "bias": ["l2"], "retention": ["none"], "learner": ["gd"], "parallel": ["exact"]}
 DEFAULTS = {
     "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
     "lr": 1e-2, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
-    "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
+    "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": None, "plots": True,
     "force": False, "quiet": False,
 }
 EXPLORE_VERSION = 1          # bump when training or evaluation changes meaning: invalidates stored cells
@@ -72,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--log-every", type=int, default=None, help="loss-curve resolution in steps (default 10)")
     o = p.add_argument_group("output")
     o.add_argument("--out", "-o", default=None, help="output folder (default explore_out)")
-    o.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    o.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     o.add_argument("--no-plots", dest="plots", action="store_const", const=False, default=None, help="skip PNGs")
     o.add_argument("--force", action="store_const", const=True, default=None, help="recompute stored cells")
     o.add_argument("--quiet", "-q", action="store_const", const=True, default=None, help="no progress display")
@@ -554,9 +556,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(opts: dict) -> int:
     import torch
 
+    from .train_config import apply_threads
+
     threads = torch.get_num_threads()
-    if opts["threads"]:
-        torch.set_num_threads(int(opts["threads"]))
+    try:
+        apply_threads(None if opts["threads"] is None else int(opts["threads"]))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         return _grid(opts)
     finally:

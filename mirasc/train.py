@@ -54,6 +54,7 @@ from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the tra
     TrainConfig,
     _flag,
     add_arguments,
+    apply_threads,
     config_from,
     read_checkpoint,
     resolve_device,
@@ -63,6 +64,11 @@ LN2 = math.log(2.0)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        apply_threads(getattr(args, "threads", None))
+    except ValueError as e:
+        print(f"mirasc train: error: {e}", file=sys.stderr)
+        return 2
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
     from mirasc.frontend import SpecError
 

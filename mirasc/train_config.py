@@ -194,6 +194,37 @@ def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
 
 
 # -- command line ------------------------------------------------------------------------------------------
+THREADS_HELP = ("torch CPU threads [OMP_NUM_THREADS when set, else 1: torch's one thread per core is many times "
+                "slower on a small or busy machine; 0: torch's default]")
+
+
+def threads_to_use(value: int | None) -> int:
+    """The CPU thread count of a --threads value: the value; unset, OMP_NUM_THREADS when it is a positive integer,
+    else 1; 0 keeps torch's default (returned as 0). Raises ValueError for a negative count."""
+    import os
+
+    if value is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        return int(env) if env.isdigit() and int(env) > 0 else 1
+    if value < 0:
+        raise ValueError(f"--threads {value}: a thread count is >= 0 (0: torch's default)")
+    return value
+
+
+def apply_threads(value: int | None) -> int:
+    """Set torch's CPU threads from a --threads value (see threads_to_use); returns the count in effect."""
+    import torch
+
+    n = threads_to_use(value)
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def add_threads_argument(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
 def _flag(name):
     return "--" + name.replace("_", "-")
 
@@ -210,6 +241,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(mirasc export --from-checkpoint; needs the hf extra)")
     parser.add_argument("--stop-at", type=int, metavar="STEP",
                         help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
+    add_threads_argument(parser)
     group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
     hints = {"int": int, "float": float, "str": str, "int | None": int, "str | None": str}
     for name, f in CONFIG_FIELDS.items():
