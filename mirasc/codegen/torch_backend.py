@@ -38,9 +38,10 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
                                "precond": spec.precond,  # the statistic a is carried beside the memory
                                "extras": bool(spec.extras),  # key inputs besides q, k (κ)
                                "kl_positive": positive == "softmax"})
+    schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
-            .replace("{{LAYER_SCHEMA}}", repr(layer_options.schema()))
-            .replace("{{LAYER_CHECKS}}", "\n" + layer_options.source())
+            .replace("{{LAYER_SCHEMA}}", schema)
+            .replace("{{LAYER_CHECKS}}", layer_options.source())
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
