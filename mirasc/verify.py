@@ -15,8 +15,9 @@ import math
 from dataclasses import dataclass, field
 
 # Relative error (norm-wise) allowed per dtype. float64: the algorithms are exact rewrites of the recurrence, so
-# only rounding differs (measured ≤ 1e-13 on the bundled specs); float32: single-precision rounding through T
-# steps and the backward (measured ≤ 1e-5 on the bundled specs).
+# only rounding differs (measured ≤ 2e-12 on the bundled specs); float32: single-precision rounding through T
+# steps and the backward (measured ≤ 3e-5 on the bundled specs but memora, whose float32 recurrence itself is off
+# by 6e-4: docs/cli.md, "mirasc verify").
 TOLERANCE = {"float64": 1e-9, "float32": 1e-4}
 # The per-token coefficient ranges random inputs are drawn from (mirasc demo uses the same)
 GATE_RANGES = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "theta": (0.0, 0.9), "delta": (0.2, 1.0),
