@@ -182,6 +182,9 @@ when every row that runs is within its tolerance (PASS), 1 when one is not (FAIL
 def cmd_verify(args) -> int:
     import os
 
+    if not 0 <= args.seed < 2 ** 63:
+        print(f"mirasc verify: --seed {args.seed}: a seed is in [0, 2^63)", file=sys.stderr)
+        return 2
     backends = [args.backend] if args.backend else ["torch", "triton"]
     if "triton" in backends:
         import torch
@@ -309,6 +312,8 @@ def cmd_export(args) -> int:
     from .train_config import config_from
 
     try:
+        if not -2 ** 63 <= args.seed < 2 ** 64:
+            raise ValueError(f"--seed {args.seed} is out of range: torch's seeds are 64-bit integers")
         tokenizer = load_tokenizer(args.tokenizer)
         cfg = config_from(overrides={k: getattr(args, k) for k in
                                      ("d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window",

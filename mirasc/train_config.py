@@ -91,6 +91,8 @@ class TrainConfig:
         if self.warmup is not None and self.steps > 0 and self.warmup >= self.steps:
             raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps}): the learning rate "
                              f"would never reach its peak (leave warmup unset for min({DEFAULT_WARMUP}, steps // 10))")
+        if not -2 ** 63 <= self.seed < 2 ** 64:
+            raise ValueError(f"seed {self.seed} is out of range: torch's seeds are 64-bit integers")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
         if self.data_format not in ("auto", "text", "jsonl", "parquet", "datasets"):
