@@ -192,6 +192,9 @@ def test_cli_devices_threads_and_missing_files(tmp_path, capsys):
         _plain(capsys, ["train", GDN, "--device", "cuda", "--steps", "1", "--out-dir", str(tmp_path / "r")],
                ["no CUDA device"])
     _plain(capsys, ["demo", GDN, "--threads", "-1"], ["--threads -1"])
+    _plain(capsys, ["verify", GDN, "--seed", str(2 ** 70)], ["--seed"])
+    _plain(capsys, ["export", GDN, "--hf", str(tmp_path / "hf"), "--seed", str(2 ** 70)], ["64-bit"])
+    _plain(capsys, ["train", GDN, "--seed", str(2 ** 70), "--steps", "1"], ["64-bit"])
     _plain(capsys, ["compile", "specs/titans", "-o", str(tmp_path)], ["no such file"])
     _plain(capsys, ["verify", str(tmp_path / "missing.miras")], ["no such file"])
 
