@@ -1,7 +1,7 @@
 """Command line: `mirasc compile | check | explain | demo | train | explore | export | eval | verify | kernels`,
 one subparser each.
 Exit codes: 0 ok, 2 bad input (spec, options, checkpoint), 1 internal error, 130 interrupted;
-`kernels`: 3 when a kernel does not fit its target.
+3 a check that did not pass (`kernels`: a kernel that does not fit its target; `verify`: a row beyond tolerance).
 
 Only the handlers import torch (and through it triton), so `mirasc --help` and `mirasc check` stay fast."""
 
@@ -176,7 +176,7 @@ error ||x - x_ref|| / ||x_ref||. Tolerances: float64 1e-9, float32 1e-4.
 
 Without --dtype both are checked (the Triton kernels take float32 only here). Triton runs on the GPU when
 there is one, else in Triton's CPU interpreter (TRITON_INTERPRET=1 is set for this run). Exit status: 0
-when every row that runs is within its tolerance (PASS), 1 when one is not (FAIL), 2 for a bad spec."""
+when every row that runs is within its tolerance (PASS), 3 when one is not (FAIL), 2 for a bad spec."""
 
 
 def cmd_verify(args) -> int:
@@ -223,7 +223,7 @@ def cmd_verify(args) -> int:
                  "--dtype float64 checks the algorithms"))
     print(f"{verdict}: {len(ran) - len(failed)} of {len(ran)} checks within tolerance"
           + (f", {skipped} not available" if skipped else "") + f" ({time.perf_counter() - t0:.1f} s)")
-    return 1 if verdict == "FAIL" else 0
+    return 3 if verdict == "FAIL" else 0
 
 
 KERNELS_HELP = """\
