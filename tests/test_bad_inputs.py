@@ -48,6 +48,33 @@ def test_layer_refuses_bad_option_values_naming_each(gdn, options, words):
         assert w in str(info.value)
 
 
+def test_layer_schema_accepts_what_the_layer_block_accepts():
+    """The emitted checker and the spec's LayerOptions agree at every bound and on every word."""
+    from pydantic import ValidationError
+
+    from mirasc import layer_options, spec
+
+    def block_accepts(key, value):
+        try:
+            spec.LayerOptions(**{key: value})
+            return True
+        except ValidationError:
+            return False
+
+    for key, rule in layer_options.schema().items():
+        if rule["type"] == "bool":
+            values = [True, False]
+        elif rule["type"] == "choice":
+            values = [*rule["choices"], "nope"]
+        else:
+            bounds = [rule[b] for b in ("ge", "gt", "le", "lt") if b in rule]
+            step = 1 if rule["type"] == "int" else 1e-9
+            values = sorted({b + d for b in bounds for d in (-step, 0, step)})
+            values = [int(x) if rule["type"] == "int" else float(x) for x in values]
+        for value in values:
+            assert (layer_options.check({key: value}) == []) == block_accepts(key, value), (key, value)
+
+
 def test_layer_unknown_option_is_a_type_error_with_a_suggestion(gdn):
     with pytest.raises(TypeError, match=r"unknown Layer option 'qknorm' \(did you mean 'qk_norm'\?\)"):
         gdn.Layer(8, 2, qknorm="l2")
