@@ -280,12 +280,10 @@ def run(args) -> int:
     out = Path(args.output) if args.output else model / "eval" / "results.json"
     task_dir = Path(args.task_dir) if args.task_dir else model / "eval" / "tasks"
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    device = args.device
-    if device is None:
-        import torch
+    from .train_config import resolve_device
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
+        device = str(resolve_device(args.device or "auto"))
         if not (model / "config.json").is_file():
             raise FileNotFoundError(f"{model}: no config.json (export a model with mirasc export --hf or "
                                     "mirasc train --export-hf)")

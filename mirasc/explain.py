@@ -152,7 +152,8 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append("            implicit step: e* = prox_{cℓ}(e), c = η_t‖k_t‖², ∂ℓ/∂y evaluated at e*")
     if m.kind == "mlp":
         out.append(f"derived:    {m.act}'(x) = {_show(d.act_grad, latex)}")
-        out.append("chain rule: ∇_{W_i} ℓ = δ_i h_{i−1}ᵀ, δ_L = LayerNorm'ᵀ ∂ℓ/∂y, "
+        last = "LayerNorm'ᵀ ∂ℓ/∂y" if m.norm == "layernorm" else "∂ℓ/∂y"  # (norm=none: y is the last layer's output)
+        out.append(f"chain rule: ∇_{{W_i}} ℓ = δ_i h_{{i−1}}ᵀ, δ_L = {last}, "
                    "δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
     at = "W_{t−1}"
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"

@@ -36,12 +36,14 @@ import sys
 import time
 from pathlib import Path
 
+from .train_config import THREADS_HELP
+
 AXES = ("memory", "bias", "retention", "learner", "parallel")
 AXIS_DEFAULTS = {"memory": ["linear"], "bias": ["l2"], "retention": ["none"], "learner": ["gd"], "parallel": ["exact"]}
 DEFAULTS = {
     "task": "mqar", "task_opt": {}, "seq_len": None, "eval_lengths": None, "steps": 200, "batch_size": 32,
     "lr": 1e-2, "weight_decay": 0.1, "d_model": 64, "layers": 2, "heads": 2, "layer": {}, "seeds": [0, 1],
-    "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": 0, "plots": True,
+    "eval_examples": 128, "log_every": 10, "out": "explore_out", "spec": [], "threads": None, "plots": True,
     "force": False, "quiet": False, "state_budget": None, "top": 10, "device": "cpu",
     # search (mirasc.search, with Optuna): used when a sampler or a study is given
     "sampler": None, "trials": None, "workers": 1, "study": None, "study_name": "explore", "pruner": None,
@@ -75,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--layers", type=int, default=None, help=f"default {DEFAULTS['layers']}")
     t.add_argument("--heads", type=int, default=None, help=f"default {DEFAULTS['heads']} (head_dim = d_model/heads)")
     t.add_argument("--layer", nargs="+", metavar="KEY=VALUE", default=None,
-                   help="Layer options for every cell, e.g. conv=4 gate_rank=16 (options a layer lacks are skipped)")
+                   help="Layer options for every cell, e.g. conv=4 gate_rank=16 (checked as a spec's layer block is)")
     t.add_argument("--seeds", nargs="+", type=int, default=None, help="seeds (default 0 1)")
     t.add_argument("--eval-examples", type=int, default=None, help=f"default {DEFAULTS['eval_examples']}")
     t.add_argument("--log-every", type=int, default=None, help="loss-curve resolution in steps (default 10)")
@@ -105,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 60)")
     o = p.add_argument_group("output")
     o.add_argument("--out", "-o", default=None, help="output folder (default explore_out)")
-    o.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    o.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
     o.add_argument("--device", default=None, help="torch device to train on (default cpu); cuda in a study: worker "
                    "i takes GPU i modulo the GPUs there are, so --workers N runs one worker per GPU")
     o.add_argument("--no-plots", dest="plots", action="store_const", const=False, default=None, help="skip PNGs")
@@ -181,6 +183,11 @@ def resolve(args: argparse.Namespace) -> dict:
         opts[key] = flag if flag is not None else data.get(key, DEFAULTS.get(key))
     opts["task_opt"] = _pairs(opts["task_opt"])
     opts["layer"] = _pairs(opts["layer"])
+    from .layer_options import check as check_layer_options
+
+    problems = check_layer_options(opts["layer"])
+    if problems:
+        raise UsageError("--layer: " + "; ".join(problems))
     opts["spec"] = list(opts["spec"] or [])
     if opts["seq_len"] is not None:
         opts["task_opt"]["seq_len"] = opts["seq_len"]
@@ -856,9 +863,13 @@ def run(args: argparse.Namespace) -> int:
 def _run(opts: dict) -> int:
     import torch
 
+    from .train_config import apply_threads
+
     threads = torch.get_num_threads()
-    if opts["threads"]:
-        torch.set_num_threads(int(opts["threads"]))
+    try:
+        apply_threads(None if opts["threads"] is None else int(opts["threads"]))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     try:
         if opts["sampler"] or opts["study"]:
             from . import search

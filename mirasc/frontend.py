@@ -82,7 +82,7 @@ def parse_text(text: str, path: str = "<spec>") -> S.Spec:
         tree = _PARSER.parse(text)
     except UnexpectedInput as err:
         raise _syntax_error(err, text, path) from None
-    return _Builder(path).build(tree)
+    return _Builder(path, text).build(tree)
 
 
 def parse_file(path: str | Path) -> S.Spec:
@@ -96,13 +96,27 @@ def parse_file(path: str | Path) -> S.Spec:
 
 def read_spec(text_or_path: str | Path) -> tuple[str, str]:
     """(text, path) of a spec given as text or as a path to a .miras file."""
-    if isinstance(text_or_path, Path) or ("{" not in str(text_or_path) and str(text_or_path).endswith(".miras")):
+    if isinstance(text_or_path, Path) or _looks_like_path(str(text_or_path)):
         p = Path(text_or_path)
+        if not p.exists():
+            twin = p.with_name(p.name + ".miras") if p.suffix != ".miras" else None
+            hint = f" (did you mean {twin}?)" if twin is not None and twin.is_file() else ""
+            raise SpecError(str(p), 1, 1, f"cannot read spec file: no such file{hint}")
+        if p.is_dir():
+            raise SpecError(str(p), 1, 1, "cannot read spec file: it is a directory (a spec is a .miras file)")
         try:
             return p.read_text(encoding="utf-8"), str(p)
         except (OSError, UnicodeDecodeError) as err:
             raise SpecError(str(p), 1, 1, f"cannot read spec file: {err}") from None
     return str(text_or_path), "<spec>"
+
+
+def _looks_like_path(s: str) -> bool:
+    """Spec text always has `{`; a one-line string without one that names a .miras file, has a path separator or
+    names an existing file is a path."""
+    if "{" in s or "\n" in s or not s.strip():
+        return False
+    return s.endswith(".miras") or "/" in s or "\\" in s or Path(s).exists()
 
 
 def _syntax_error(err: UnexpectedInput, text: str, path: str) -> SpecError:
@@ -153,8 +167,8 @@ def _first_code_line(text: str) -> int:
 class _Builder:
     """Walks the parse tree into pydantic forms, reporting every problem at its position."""
 
-    def __init__(self, path: str):
-        self.path = path
+    def __init__(self, path: str, text: str = ""):
+        self.path, self.text = path, text
 
     def err(self, node, message: str) -> SpecError:
         p = _pos(node)
@@ -173,7 +187,7 @@ class _Builder:
             try:
                 self._field(f, seen, values)
             except SpecError as err:
-                errors.append(err)
+                errors.extend(err.all)  # a layer block reports each of its bad settings
                 name = str(f.children[0])
                 # a misspelt field name stands for the field it resembles: do not also call that one missing
                 failed.update([name, *difflib.get_close_matches(name, S.FIELDS, n=1, cutoff=0.6)])
@@ -229,25 +243,33 @@ class _Builder:
             raise self.err(name_tok, f"unknown block `{name_tok}`{suggest(str(name_tok), ['layer'])}; the only "
                            "block is `layer { ... }` (fields are written `name = form`)")
         params = S.params_of(S.LayerOptions)
-        kwargs, where = {}, {}
-        for st in settings:
+        kwargs, where, errors = {}, {}, []
+        for st in settings:  # every bad setting is reported, in file order
             key_tok, expr = st.children
             key = str(key_tok)
-            if key not in params:
-                raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
-                               f"{_one_of(params)}")
-            if key in kwargs:
-                raise self.err(key_tok, f"layer option `{key}` given twice")
-            kwargs[key] = self.value("layer", "layer", key, expr)
-            where[key] = expr
-            self._check_kind(S.LayerOptions, "layer", key, kwargs[key], expr)
+            try:
+                if key not in params:
+                    raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
+                                   f"{_one_of(params)}")
+                if key in where:
+                    raise self.err(key_tok, f"layer option `{key}` given twice")
+                where[key] = expr
+                value = self.value("layer", "layer", key, expr)
+                self._check_kind(S.LayerOptions, "layer", key, value, expr)
+                kwargs[key] = value
+            except SpecError as err:
+                errors.append(err)
         try:
-            return S.LayerOptions(**kwargs)
+            options = S.LayerOptions(**kwargs)
         except ValidationError as ve:
-            first = ve.errors()[0]
-            key = str(first.get("loc", ("",))[0])
-            raise self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
-                           f"{_explain(S.LayerOptions, key, first)}") from None
+            for e in ve.errors():
+                key = str(e.get("loc", ("",))[0])
+                errors.append(self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
+                                       f"{_explain(S.LayerOptions, key, e)}"))
+        if errors:
+            errors.sort(key=lambda e: (e.line, e.col))
+            raise SpecError.several(errors)
+        return options
 
     @staticmethod
     def _find_arg(form: Tree, param: str):
@@ -387,7 +409,7 @@ class _Builder:
 
         from .primitives import EXPRESSION_FUNCTIONS, apow
 
-        depth = _depth(node)
+        depth = max(_depth(node), _paren_depth(self.text, node))
         if depth > MAX_EXPRESSION_DEPTH:
             raise self.err(node, f"expression nested {depth} levels deep; at most {MAX_EXPRESSION_DEPTH} levels "
                            "of parentheses, functions and operators are accepted")
@@ -415,6 +437,8 @@ class _Builder:
                     raise self.err(n, f"unknown function `{fn}`{suggest(fn, EXPRESSION_FUNCTIONS)}; "
                                    f"accepted: {_one_of(sorted(EXPRESSION_FUNCTIONS))}")
                 return EXPRESSION_FUNCTIONS[fn](walk(n.children[1]))
+            if d in _CHAIN:  # a chain a ± b ± c ... (or a */ b */ c ...) is built iteratively, however long
+                return fold(n)
             a = [walk(c) for c in n.children]
             if d == "add":
                 return a[0] + a[1]
@@ -437,6 +461,22 @@ class _Builder:
                     return apow(base.args[0], base.args[1] * exponent)
                 return base ** exponent
             raise self.err(n, f"unsupported expression form `{d}`")
+
+        def fold(n):
+            family, ops = _CHAIN[n.data], []
+            while isinstance(n, Tree) and _CHAIN.get(n.data) == family:
+                ops.append((n.data, n.children[1], n))
+                n = n.children[0]
+            total = walk(n)
+            if family == "sum":
+                terms = [total] + [walk(c) if op == "add" else -walk(c) for op, c, _ in reversed(ops)]
+                return sp.Add(*terms)
+            for op, c, at in reversed(ops):
+                value = walk(c)
+                if op == "div" and value == 0:
+                    raise self.err(at, "division by zero in expression")
+                total = total * value if op == "mul" else total / value
+            return total
 
         try:
             expr = walk(node)
@@ -493,13 +533,41 @@ def _number(expr) -> float | None:
     return val.real
 
 
+# Operators whose chains are one level: a + b − c + ... is one sum, a·b/c·... one product, however many terms.
+_CHAIN = {"add": "sum", "sub": "sum", "mul": "product", "div": "product"}
+
+
 def _depth(node: Tree) -> int:
-    """Nesting depth of an expression tree, counted without recursion (the input may be very deep)."""
+    """Nesting depth of an expression tree, counted without recursion (the input may be very deep): functions,
+    powers, negations and each change between a sum and a product add a level; a chain of one operator family
+    is one level."""
     deepest, stack = 0, [(node, 1)]
     while stack:
         n, d = stack.pop()
         deepest = max(deepest, d)
-        stack.extend((c, d + 1) for c in n.children if isinstance(c, Tree))
+        family = _CHAIN.get(n.data)
+        stack.extend((c, d if family is not None and _CHAIN.get(c.data) == family else d + 1)
+                     for c in n.children if isinstance(c, Tree))
+    return deepest
+
+
+def _paren_depth(text: str, node: Tree) -> int:
+    """The deepest nesting of parentheses in the expression's source text (redundant ones included, which leave
+    no trace in the tree; a function's own parentheses count too)."""
+    start, end = getattr(node.meta, "start_pos", None), getattr(node.meta, "end_pos", None)
+    if not text or start is None or end is None:
+        return 0
+    while start > 0 and (text[start - 1] == "(" or text[start - 1].isspace()):  # parentheses around the whole
+        start -= 1
+    while end < len(text) and (text[end] == ")" or text[end].isspace()):
+        end += 1
+    deepest = level = 0
+    for ch in text[start:end]:
+        if ch == "(":
+            level += 1
+            deepest = max(deepest, level)
+        elif ch == ")":
+            level -= 1
     return deepest
 
 

@@ -16,7 +16,6 @@ AutoModelForCausalLM (model_type "mirasc"). Only this module imports transformer
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 MODEL_TYPE = "mirasc"
@@ -175,19 +174,10 @@ def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype:
 
 def export_checkpoint(checkpoint, out_dir) -> Path:
     """Export a `mirasc train` checkpoint (checkpoint.pt, or its run directory) with its trained weights."""
-    import torch
 
-    from .train_config import CHECKPOINT, config_from
+    from .train_config import config_from, read_checkpoint
 
-    src = Path(checkpoint)
-    if src.is_dir():
-        src = src / CHECKPOINT
-    try:
-        ckpt = torch.load(src, map_location="cpu", weights_only=False)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise ValueError(f"{checkpoint}: not a mirasc train checkpoint ({err})") from None
-    if not isinstance(ckpt, dict) or not {"model", "spec", "config"} <= set(ckpt):
-        raise ValueError(f"{checkpoint}: not a mirasc train checkpoint")
+    ckpt = read_checkpoint(checkpoint, ("model", "spec", "config"))
     cfg = config_from(ckpt["config"])
     return export(ckpt["spec"], out_dir, cfg.lm_config(), state_dict=ckpt["model"], dtype=cfg.dtype,
                   tokenizer_files=ckpt.get("tokenizer"))

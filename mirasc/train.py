@@ -54,13 +54,21 @@ from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the tra
     TrainConfig,
     _flag,
     add_arguments,
+    apply_threads,
     config_from,
+    read_checkpoint,
+    resolve_device,
 )
 
 LN2 = math.log(2.0)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        apply_threads(getattr(args, "threads", None))
+    except ValueError as e:
+        print(f"mirasc train: error: {e}", file=sys.stderr)
+        return 2
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
     from mirasc.frontend import SpecError
 
@@ -134,11 +142,9 @@ class _Dist:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        if device == "auto":
-            device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-        elif device == "cuda" and self.world > 1:
+        if device == "cuda" and self.world > 1:
             device = f"cuda:{local}"
-        self.device = torch.device(device)
+        self.device = resolve_device(device, local)
         self.owns_group = False
         if self.world > 1 and not dist.is_initialized():
             if self.device.type == "cuda":
@@ -294,7 +300,7 @@ def load_model(path: str | Path, map_location="cpu"):
     """The LanguageModel stored in a checkpoint (for sampling or evaluation)."""
     from mirasc.models import build
 
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    ckpt = read_checkpoint(path, ("model", "config", "spec"))
     cfg = config_from(ckpt["config"])
     model = build(ckpt["spec"], cfg.lm_config()).to(getattr(torch, cfg.dtype))
     model.load_state_dict(ckpt["model"])
@@ -392,11 +398,19 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
         if src.is_dir():  # a run directory: its checkpoint
             src = src / CHECKPOINT
         if src.exists():
-            ckpt = torch.load(src, map_location="cpu", weights_only=False)
-            if not isinstance(ckpt, dict) or not {"model", "optimizer", "step", "config", "spec"} <= set(ckpt):
-                raise ValueError(f"--resume {src}: not a mirasc train checkpoint")
+            try:
+                ckpt = read_checkpoint(src)
+            except ValueError as err:
+                raise ValueError(f"--resume {err}") from None
             cfg = config_from(config or ckpt["config"], config_file, overrides)
             check_resumable(ckpt, text, cfg, src)
+            done = int(ckpt["step"])
+            if done > cfg.steps:
+                raise ValueError(f"--resume {src}: the checkpoint is at step {done}, past --steps {cfg.steps}: "
+                                 f"nothing to train; give --steps above {done} to train on")
+            if done == cfg.steps and int(os.environ.get("RANK", "0")) == 0:
+                print(f"mirasc train: the checkpoint {src} already reached --steps {cfg.steps}: no steps to train; "
+                      "evaluating it", flush=True)
             out_dir = Path(cfg.out_dir or out_dir)
             ckpt_path = out_dir / CHECKPOINT
         elif resume != "auto":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 from dataclasses import asdict, dataclass, field
 
 CHECKPOINT = "checkpoint.pt"
@@ -90,15 +91,85 @@ class TrainConfig:
         if self.warmup is not None and self.steps > 0 and self.warmup >= self.steps:
             raise ValueError(f"warmup ({self.warmup}) must be shorter than steps ({self.steps}): the learning rate "
                              f"would never reach its peak (leave warmup unset for min({DEFAULT_WARMUP}, steps // 10))")
+        if not -2 ** 63 <= self.seed < 2 ** 64:
+            raise ValueError(f"seed {self.seed} is out of range: torch's seeds are 64-bit integers")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
         if self.data_format not in ("auto", "text", "jsonl", "parquet", "datasets"):
             raise ValueError(f"data_format must be auto, text, jsonl, parquet or datasets, got {self.data_format!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device {self.device!r}: not a device mirasc runs on; use {DEVICE_FORMS}")
         if not isinstance(self.layer_options, dict):
             raise ValueError("layer_options must be a JSON object")
+        from .layer_options import check as check_layer_options
+        from .layer_options import layer_size_problems
+
+        head_dim = self.layer_options.get("head_dim", 0)
+        problems = check_layer_options(self.layer_options) + layer_size_problems(
+            self.d_model, self.n_heads, head_dim if isinstance(head_dim, int) else 0)
+        if problems:
+            raise ValueError("layer options: " + "; ".join(problems))
 
 
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+
+
+def resolve_device(name: str, local_rank: int = 0):
+    """The torch.device for a --device value ("auto": CUDA device `local_rank` when there is one, else the CPU).
+    Raises ValueError for a value that is no device mirasc runs on, or a CUDA device this torch cannot reach."""
+    import re
+
+    import torch
+
+    if not isinstance(name, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", name):
+        raise ValueError(f"--device {name!r}: not a device mirasc runs on; use {DEVICE_FORMS}")
+    if name == "auto":
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: this torch sees no CUDA device (torch.cuda.is_available() is False; "
+                             "a CPU-only build, or no GPU here); use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {name}: there are {torch.cuda.device_count()} CUDA device(s), numbered from 0")
+    return device
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "step", "config", "spec")
+
+
+def read_checkpoint(path, keys=CHECKPOINT_KEYS) -> dict:
+    """A `mirasc train` checkpoint file (or a run directory's): its dict, checked to carry `keys`. Raises
+    FileNotFoundError for a missing file and ValueError naming the file for one that is empty, truncated,
+    corrupt or of another kind; whatever torch.load's unpickler raises on a damaged file becomes that ValueError."""
+    from pathlib import Path
+
+    import torch
+
+    src = Path(path)
+    if src.is_dir():
+        src = src / CHECKPOINT
+    if not src.is_file():
+        raise FileNotFoundError(f"{src}: no such checkpoint")
+    if src.stat().st_size == 0:
+        raise ValueError(f"{src}: the checkpoint file is empty")
+    try:
+        ckpt = torch.load(src, map_location="cpu", weights_only=False)
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001  (a damaged file makes the unpickler raise almost anything)
+        first = (str(err).splitlines() or [""])[0].split(". ")[0]  # torch's first sentence, not its advice
+        raise ValueError(f"{src}: not a readable mirasc train checkpoint (truncated or corrupt?): "
+                         f"{type(err).__name__}: {first}") from None
+    missing = [k for k in keys if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ValueError(f"{src}: not a mirasc train checkpoint (it lacks {', '.join(missing)})")
+    try:
+        config_from(ckpt["config"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{src}: the checkpoint's config is not valid: {err}") from None
+    return ckpt
 
 
 def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
@@ -125,6 +196,37 @@ def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
 
 
 # -- command line ------------------------------------------------------------------------------------------
+THREADS_HELP = ("torch CPU threads [OMP_NUM_THREADS when set, else 1: torch's one thread per core is many times "
+                "slower on a small or busy machine; 0: torch's default]")
+
+
+def threads_to_use(value: int | None) -> int:
+    """The CPU thread count of a --threads value: the value; unset, OMP_NUM_THREADS when it is a positive integer,
+    else 1; 0 keeps torch's default (returned as 0). Raises ValueError for a negative count."""
+    import os
+
+    if value is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        return int(env) if env.isdigit() and int(env) > 0 else 1
+    if value < 0:
+        raise ValueError(f"--threads {value}: a thread count is >= 0 (0: torch's default)")
+    return value
+
+
+def apply_threads(value: int | None) -> int:
+    """Set torch's CPU threads from a --threads value (see threads_to_use); returns the count in effect."""
+    import torch
+
+    n = threads_to_use(value)
+    if n:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def add_threads_argument(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help=THREADS_HELP)
+
+
 def _flag(name):
     return "--" + name.replace("_", "-")
 
@@ -141,6 +243,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "(mirasc export --from-checkpoint; needs the hf extra)")
     parser.add_argument("--stop-at", type=int, metavar="STEP",
                         help="checkpoint and exit after STEP (the schedule still runs to --steps; resume later)")
+    add_threads_argument(parser)
     group = parser.add_argument_group("training configuration (TrainConfig; flags override --config)")
     hints = {"int": int, "float": float, "str": str, "int | None": int, "str | None": str}
     for name, f in CONFIG_FIELDS.items():

@@ -20,7 +20,7 @@ SPEC = ROOT / "specs" / "deltanet.miras"
 BLOCKED = ("mirasc", "lark", "sympy", "pydantic", "networkx")
 # A tiny budget: explore's flags and the runner's, the same run.
 STEPS, LR, SEED, SEQ, PAIRS, LENGTHS, EVAL_N = 30, 3e-2, 1, 16, 2, (16, 32), 16
-LAYER = ("conv=2", "gate_head_term=true", "not_an_option=3")    # options a layer lacks are skipped by both
+LAYER = ("conv=2", "gate_head_term=true")    # Layer options, read alike by both
 
 BLOCKED_RUNNER = blocker_prelude(BLOCKED) + textwrap.dedent('''
     import json, runpy

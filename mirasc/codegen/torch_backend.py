@@ -12,7 +12,7 @@ from pathlib import Path
 import sympy as sp
 
 from .. import derive as D
-from .. import ir
+from .. import ir, layer_options
 from .. import spec as S
 from ..explain import equations
 from . import triton_backend, triton_minibatch
@@ -40,7 +40,10 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
                                # an attention cache holds every past key: a padding token cannot be skipped in place
                                "nonparametric": spec.memory.kind == "nonparametric",
                                "kl_positive": positive == "softmax"})
+    schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+            .replace("{{LAYER_SCHEMA}}", schema)
+            .replace("{{LAYER_CHECKS}}", layer_options.source())
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
