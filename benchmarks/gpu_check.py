@@ -40,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 EMIT_DIR = HERE / "emitted"
-# Ranges of the gates (CONTRACT §2: the op takes gates in their natural domains).
+# Ranges of the gates (docs/module-api.md: the op takes gates in their natural domains).
 RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta": (0.5, 3.0),
           "gamma": (0.5, 1.0), "nu": (0.9, 1.0), "rho": (0.05, 1.0)}
 SETTINGS = {  # name: (dtype, B, T, H, D, tolerance)

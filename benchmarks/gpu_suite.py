@@ -13,8 +13,8 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * softmax attention: mirasc flash kernel (generated) vs torch SDPA (flash backend), causal and window;
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
-  * gla / kda (a decay over key channels, CONTRACT §6): the chunked Triton kernels vs fla chunk_gla / chunk_kda
-    (g = log α, β = η: the same functions, tests/test_peers_fla.py);
+  * gla / kda (a decay over key channels, docs/semantics.md: channel-wise gates): the chunked Triton kernels vs
+    fla chunk_gla / chunk_kda (g = log α, β = η: the same functions, tests/test_peers_fla.py);
   * ttt_linear: the chunked Triton kernels vs fla chunk_ttt_linear (a similar model, see the case);
   * rwkv7 / comba (generalized delta transition): the chunked Triton kernels and the torch chunked path vs fla
     chunk_dplr_delta_rule (a = −κ, b = η ⊙ κ, gk = log α: the same function) / chunk_comba (p = κ; fla's chunk
@@ -322,7 +322,8 @@ def run(args) -> list:
               rows, device, tokens, peer=peer, flops=2 * flops_chunked_linear(B, H, T, D, delta=True),
               nbytes=5 * B * T * H * D * q.element_size() + 12 * B * T * H)
 
-    # -- a decay over key channels (CONTRACT §6): GLA (Hebbian write) and KDA (delta rule) vs fla's chunk kernels
+    # -- a decay over key channels (docs/semantics.md: channel-wise gates): GLA (Hebbian write) and KDA (delta rule)
+    # vs fla's chunk kernels
     for name, gates in (("gla", ("alpha",)), ("kda", ("eta", "alpha"))):
         mod = mods[name]
         q, k, v, _ = make_inputs(B, T, H, D, dtype, device)
@@ -381,15 +382,16 @@ def run(args) -> list:
           peer=lambda: mod.apply(q, k, v, gs, backend="torch", algorithm="chunked")[0],
           flops=B * H * (T // C) * per_chunk, nbytes=4 * B * T * H * Dm * q.element_size())
 
-    # -- the Miras models (MLP memories at heads of 32): Moneta and Memora read at chunk granularity (CONTRACT §7) on
-    # the dual-form kernels, Yaad on the mini-batch kernels; no peer implements them, so the torch chunked path is
-    # the comparison, as for Titans' op above
+    # -- the Miras models (MLP memories at heads of 32): Moneta and Memora read at chunk granularity
+    # (docs/semantics.md: chunk readouts) on the dual-form kernels, Yaad on the mini-batch kernels; no peer implements
+    # them, so the torch chunked path is the comparison, as for Titans' op above
     for name in ("moneta", "memora", "yaad"):
         mod = mods[name]
         qm, km, vm, _ = make_inputs(B, T, H, Dm, dtype, device)
         g = torch.Generator(device="cpu").manual_seed(3)
         lo_hi = {"eta": (0.05, 0.5), "alpha": (0.9, 1.0), "delta": (0.2, 1.0)}
-        gm = {n: (lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0])  # channel-wise gates (CONTRACT §6) over their side
+        # channel-wise gates (docs/semantics.md: channel-wise gates) over their side
+        gm = {n: (lo_hi[n][0] + (lo_hi[n][1] - lo_hi[n][0])
                   * torch.rand(B, T, H, *((Dm,) if n in mod.GATE_CHANNELS else ()), generator=g)).to(device)
               .requires_grad_(True) for n in mod.GATES}
         timed(f"{name} memory op (D={Dm}, C={mod.MINIBATCH}): mirasc chunked (triton) vs mirasc torch chunked",

@@ -28,7 +28,8 @@ RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta":
 
 
 def _channels(mod, name, Dk, Dv):
-    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (docs/semantics.md, channel-wise
+    gates)."""
     side = getattr(mod, "GATE_CHANNELS", {}).get(name)
     return () if side is None else (Dk,) if side == "k" else (Dv,)
 

@@ -22,8 +22,8 @@ def _sym(value, gate: str) -> str:
 
 
 def _scaled(value, gate: str, mat: str) -> str:
-    """`gate·M`, or with a channel-wise gate (CONTRACT §6) `M·diag(gate)` (key channels, columns) or
-    `diag(gate)·M` (value channels, rows)."""
+    """`gate·M`, or with a channel-wise gate (docs/semantics.md: channel-wise gates) `M·diag(gate)` (key channels,
+    columns) or `diag(gate)·M` (value channels, rows)."""
     if value == S.GATE_K:
         return f"{mat}·diag({gate}_t)"
     if value == S.GATE_V:

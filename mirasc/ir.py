@@ -329,7 +329,8 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
         bind[D.cprox] = gr.ew(es * ks, {es: eta, ks: ksq}, name="c")
     dy = gr.ew(expr, bind, name="dl_dy")
     eta_side = spec.gate_channels().get("eta")
-    if eta_side == "v":  # lr=gate(v): ℓ = Σᵢ ηᵢ ℓ(eᵢ), so dℓ/dy is weighted per output channel (CONTRACT §6)
+    # lr=gate(v): ℓ = Σᵢ ηᵢ ℓ(eᵢ), so dℓ/dy is weighted per output channel (docs/semantics.md: channel-wise gates)
+    if eta_side == "v":
         eta = gr.add("input", arg="eta_ch", name="eta_ch")
         es, gs = sp.Symbol("eta", real=True), sp.Symbol("g", real=True)
         dy = gr.ew(es * gs, {es: eta, gs: dy}, name="dl_dy_weighted")

@@ -30,8 +30,8 @@ class PerHead(BaseModel):
 
 Coef = Literal["gate", "gate(k)", "gate(v)"] | float | PerHead
 """A coefficient: `gate` (a per-token input [B, T, H] of the op), `gate(k)` / `gate(v)` (a per-token vector
-over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: CONTRACT §6), a constant number, or a per-head
-constant (`PerHead`: an expression in the head index h and the head count H)."""
+over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: docs/semantics.md, channel-wise gates), a constant
+number, or a per-head constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma", "nu": "nu",
@@ -266,7 +266,7 @@ class Minibatch(Form):
     kind: Literal["minibatch"] = "minibatch"
     C: Annotated[int, Field(ge=1, le=4096)]
     # "token": every token reads through the retention's map (§3); "chunk": the map is applied at chunk
-    # boundaries only, the published parallel form of Moneta (lq) and Memora (kl) (CONTRACT §7)
+    # boundaries only, the published parallel form of Moneta (lq) and Memora (kl) (docs/semantics.md: chunk readouts)
     readout: Literal["token", "chunk"] = "token"
 
 
@@ -321,14 +321,14 @@ class LayerOptions(Form):
 
 
 # Layer defaults that differ for MLP memories, chosen by measurement (benchmarks/RESULTS.md, "MQAR recipes for
-# MLP memories (issue 11)"). A retention gate that decays an MLP memory shrinks the network that computes every
+# MLP memories", 2026-12-03). A retention gate that decays an MLP memory shrinks the network that computes every
 # key's features, not only old associations, so its α is kept within [alpha_min, 1] (≥ 94% of the map kept over
 # a 64-token mini-batch). The error of an MLP memory with a LayerNorm has norm ≈ √head_dim (≈ 6 at head_dim 32)
 # at the start, far above the Huber threshold δ ≈ 1 of the linear default, where the update is δ·sign(e), whose
 # sign the memory's own output sets, not v; δ starts at softplus(8) ≈ 8 (the l2 regime) and is learned from
 # there. A channel-wise gate (the paper forms' η = gate(v)) gets a shared per-head term (gate_head_term): it starts
 # as the per-head gate, which MLP memories learn from, and learns per channel from there (Moneta 0.53 -> 0.83,
-# Memora 0.59 -> 0.91, Yaad 0.82 -> 0.87, MQAR acc@64 over 2 seeds, "Issue 11, fifth session").
+# Memora 0.59 -> 0.91, Yaad 0.82 -> 0.87, MQAR acc@64 over 2 seeds; benchmarks/RESULTS.md, 2026-12-03/04).
 # A spec's own `layer { ... }` block wins.
 MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 8.0, "gate_head_term": True}
 
@@ -415,7 +415,8 @@ class Spec(BaseModel):
 
     @property
     def window(self) -> int:
-        """c of the Omega rule: the bias is summed over the last c tokens (1: the online bias of CONTRACT §3)."""
+        """c of the Omega rule: the bias is summed over the last c tokens (1: the online bias of docs/semantics.md,
+        parametric memories)."""
         return getattr(self.bias, "window", 1)
 
     @property
@@ -713,7 +714,8 @@ def _check_pair_decay(spec: Spec) -> None:
 
 
 def _check_channel_gates(spec: Spec) -> None:
-    """CONTRACT §6: the channel-wise coefficients whose meaning is defined, and why the others are not."""
+    """The channel-wise coefficients whose meaning is defined (docs/semantics.md: channel-wise gates), and why the
+    others are not."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
     for form, field in ((b, "bias"), (r, "retention"), (l, "learner")):
         for param, value in form:

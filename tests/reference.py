@@ -1,4 +1,4 @@
-"""An independent float64 reference of CONTRACT §3 (parametric memories).
+"""An independent float64 reference of docs/semantics.md: parametric memories (parametric memories).
 
 Written from the contract text only; it does not import ``mirasc``. Everything is a plain token loop
 over t, vectorised over batch and heads, and the memory gradient g_t is always taken with
@@ -14,13 +14,14 @@ Config format (one hand-written dict per spec file in ``specs/``)::
                         | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
          learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr) | "precond"(lr, nu, rho, transform, ...)),
          parallel=None | C,
-         readout="token" | "chunk",   # optional; "chunk" = CONTRACT §7 (lq, kl under minibatch(C))
+         readout="token" | "chunk",   # optional; "chunk": docs/semantics.md, chunk readouts (lq, kl; minibatch(C))
          steps=n)                     # optional; a multi-step learner (gd(steps=n), implicit(steps=n))
 
 A coefficient is a callable ``f(h, H)`` (a per-head constant: f at head h of H, the same at every token), or
 the string ``"gate"`` (read from the gates dict under its role name: ``eta``
 for lr, ``alpha`` for retention, ``theta`` for momentum, ``delta`` for Huber), ``"gate(k)"`` /
-``"gate(v)"`` (CONTRACT §6: a vector per token over the key / value channels, [B, T, H, Dk|Dv]) or a number.
+``"gate(v)"`` (docs/semantics.md: channel-wise gates: a vector per token over the key / value channels, [B, T, H,
+Dk|Dv]) or a number.
 Channel-wise gates are written out as the contract states them: α, θ scale the columns (k) or rows (v)
 of W and S; ``lr=gate(v)`` weights the loss per output channel, ℓ = Σᵢ ηᵢ ℓ(eᵢ); ``lr=gate(k)`` gives
 U = -g·diag(η); ``delta=gate(v)`` is a Huber threshold per output channel.
@@ -552,7 +553,8 @@ def _as_column(x, like: Tensor) -> Tensor:
 
 
 def reference_apply(cfg, q: Tensor, k: Tensor, v: Tensor, gates: dict[str, Tensor], state: dict[str, Tensor]):
-    """Token-by-token CONTRACT §3. Returns (o [B,T,H,Dv], final state with the input state's keys)."""
+    """Token by token (docs/semantics.md: parametric memories). Returns (o [B,T,H,Dv], final state with the input
+    state's keys)."""
     cfg = _get_cfg(cfg)
     inputs = [q, k, v, *gates.values(), *state.values()]
     differentiable = torch.is_grad_enabled() and any(x.requires_grad for x in inputs)
@@ -644,7 +646,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
 
         first = C is not None and t % C == 0  # the first token s of a chunk
         if first and chunk_readout and ret["kind"] == "lq":
-            # CONTRACT §7: W_{s-1} := A_{s-1} / n_c, n_c = ||A_{s-1}||_q^{q-2}, frozen for the chunk
+            # docs/semantics.md: chunk readouts: W_{s-1} := A_{s-1} / n_c, n_c = ||A_{s-1}||_q^{q-2}, frozen for the
+            # chunk
             qq = float(ret["q"])
             total = {n: (A[n].abs() ** qq).sum((-2, -1), keepdim=True) for n in names}
             # an all-zero accumulator (e.g. a linear memory's empty start) leaves n_c undefined: taken as 1
@@ -717,7 +720,8 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
             A = {n: alpha * A[n] + U[n] for n in names}
             W = {n: elastic_readout(A[n], float(ret["lam"])) for n in names}
         elif kind == "kl" and ret.get("alpha") == "gate(k)":
-            # CONTRACT §6: a decay over key channels scales kl's log-space form, Z_t = Z_{t-1}·diag(α_t) + U_t with
+            # docs/semantics.md: channel-wise gates: a decay over key channels scales kl's log-space form, Z_t =
+            # Z_{t-1}·diag(α_t) + U_t with
             # W_t = c·softmax(Z_t). (Not c·softmax(α_t ∘ log W_{t-1} + U_t): with α varying along a row the row's
             # log-normaliser log Σ exp(Z) no longer cancels in the softmax.)
             c = float(ret.get("c", 1.0))

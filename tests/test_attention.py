@@ -1,4 +1,5 @@
-"""Nonparametric memories (CONTRACT §5): the causal Nadaraya-Watson estimator with the softmax kernel,
+"""Nonparametric memories (docs/semantics.md: nonparametric memories): the causal Nadaraya-Watson estimator with the
+softmax kernel,
 against a float64 reference written out here and against torch's scaled_dot_product_attention."""
 
 from __future__ import annotations

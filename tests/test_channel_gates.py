@@ -1,4 +1,5 @@
-"""Channel-wise gates (CONTRACT §6) against the independent float64 reference (tests/reference.py).
+"""Channel-wise gates (docs/semantics.md: channel-wise gates) against the independent float64 reference
+(tests/reference.py).
 
 Each case is a spec a user could write (none of them is bundled), compiled in-process, and run by every
 algorithm the module offers: outputs, final state and the gradients of q, k, v, every gate and the
@@ -67,7 +68,8 @@ CASES = {
                       f"parallel = minibatch({CHUNK})",
                       dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="kl", c=1.0, alpha="gate(v)"),
                            learner=dict(kind="gd", lr="gate(v)"), parallel=CHUNK)),
-    # kl with a decay over key channels: defined by its log-space form (CONTRACT §6), not α ∘ log W
+    # kl with a decay over key channels: defined by its log-space form (docs/semantics.md: channel-wise gates), not α
+    # ∘ log W
     "kl_key_side": ("memory = linear; bias = l2; retention = kl(c=2, alpha=gate(k)); learner = gd(lr=gate)",
                     dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="kl", c=2.0, alpha="gate(k)"),
                          learner=dict(kind="gd", lr="gate"), parallel=None)),

@@ -1,4 +1,5 @@
-"""Chunk readouts (CONTRACT §7, `parallel = minibatch(C, readout=chunk)`): the torch recurrent and chunked
+"""Chunk readouts (docs/semantics.md: chunk readouts, `parallel = minibatch(C, readout=chunk)`): the torch recurrent
+and chunked
 (dual-form) algorithms against the independent float64 reference (tests/reference.py, written from §7), with
 outputs, final state and the gradients of q, k, v, the gates and the initial state; C that does not divide T;
 a momentum learner; Layer decoding equal to the full forward across chunk boundaries; gradcheck; and the
@@ -40,7 +41,8 @@ CASES = {
                                                norm="none"),
                          bias=dict(kind="huber", delta="gate", mode="coordinate"),
                          retention=dict(kind="kl", c=2.0, alpha="gate"))),
-    # channel-wise learning rates (CONTRACT §6) weight the loss per output channel, inside the gradient
+    # channel-wise learning rates (docs/semantics.md: channel-wise gates) weight the loss per output channel, inside
+    # the gradient
     "kl_lr_channels": ("memory = mlp(depth=2, expansion=2, act=silu, residual=false, norm=none)\nbias = l2\n"
                        "retention = kl(c=1, alpha=gate)\nlearner = gd(lr=gate(v))",
                        dict(memory=dict(kind="mlp", depth=2, expansion=2, act="silu", residual=False, norm="none"),
@@ -50,7 +52,8 @@ CASES = {
                        dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
                             retention=dict(kind="lq", q=3.0, alpha="gate"), learner=dict(kind="gd", lr="gate(v)"),
                             parallel=C, readout="chunk")),
-    # channel-wise decays (CONTRACT §6) under chunk readouts: linear memories (an MLP takes no channel α/θ)
+    # channel-wise decays (docs/semantics.md: channel-wise gates) under chunk readouts: linear memories (an MLP takes
+    # no channel α/θ)
     "lq_alpha_k": ("memory = linear\nbias = l2\nretention = lq(q=4, alpha=gate(k))\nlearner = gd(lr=gate)",
                    dict(memory=dict(kind="linear"), bias=dict(kind="l2"),
                         retention=dict(kind="lq", q=4.0, alpha="gate(k)"), learner=dict(kind="gd", lr="gate"),

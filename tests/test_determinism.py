@@ -1,4 +1,4 @@
-"""Reproducible output (CONTRACT §2): the same spec always gives the same bytes, whatever the process's
+"""Reproducible output (docs/module-api.md): the same spec always gives the same bytes, whatever the process's
 hash seed, and the emitted file is standalone — it imports and runs where mirasc and the compiler's own
 dependencies (lark, sympy, pydantic, networkx) cannot be imported.
 """

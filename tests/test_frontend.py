@@ -1,4 +1,4 @@
-"""The front end (CONTRACT §1, §4): parsing, validation and located error messages.
+"""The front end (docs/language.md): parsing, validation and located error messages.
 
 Every rejected spec gives `path:line:col: message` naming what is wrong and what would be accepted,
 and `mirasc check` exits with 2 on it. Positions asserted below are counted by hand from the text

@@ -1,5 +1,5 @@
 """Property tests (hypothesis): no input, however malformed, escapes the front end as anything but a
-`SpecError` (CONTRACT §4), and the CLI answers 0 or 2, never 1 (internal error), without a traceback.
+`SpecError` (docs/language.md), and the CLI answers 0 or 2, never 1 (internal error), without a traceback.
 
 Inputs are (a) random sequences of the spec language's own tokens, with and without a `model m { ... }`
 frame, (b) small fields assembled from the vocabulary with random arguments, and (c) character-level

@@ -1,4 +1,4 @@
-"""The emitted Layer (CONTRACT §2): step-by-step decoding equals the full forward for every spec
+"""The emitted Layer (docs/module-api.md): step-by-step decoding equals the full forward for every spec
 (including minibatch(C), where the cache keeps the chunk's anchor state), gradients reach every
 trainable parameter, and the spec's `layer { ... }` block sets the defaults."""
 

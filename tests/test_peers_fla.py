@@ -1,7 +1,8 @@
 """Cross-check of the linear-memory specs against flash-linear-attention's CPU naive references.
 
 FLA (``fla-core``, import ``fla``) ships pure-torch "naive" reference implementations next to its
-Triton kernels.  Those references are an independent oracle for the Miras semantics of CONTRACT §3
+Triton kernels.  Those references are an independent oracle for the Miras semantics of docs/semantics.md: parametric
+memories
 on the specs that FLA covers.  Every convention difference is mapped explicitly below:
 
 * **Layout.**  Our ``q, k`` are ``[B, T, H, Dk]`` and ``v`` is ``[B, T, H, Dv]``.  Most FLA references
@@ -271,7 +272,8 @@ def test_gated_deltanet_vs_chunk_gated_delta_rule(fla_naive, algorithm, chunk_si
 
 
 # --------------------------------------------------------------------------------------------------
-# Channel-wise decays (CONTRACT §6): FLA's log-space gate g has one value per key channel, [B, T, H, K].
+# Channel-wise decays (docs/semantics.md: channel-wise gates): FLA's log-space gate g has one value per key channel,
+# [B, T, H, K].
 # GLA: linear, dot, decay(alpha=gate(k)), gd(lr=1)
 #   ours: W_t = W_{t-1} diag(α_t) + v_t k_tᵀ
 #   FLA:  h ← h * exp(gk_t)[:, None] + k_t v_tᵀ, o_t = (scale q_t)ᵀ h; its scale is fixed at K**-0.5

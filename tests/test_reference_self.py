@@ -52,8 +52,8 @@ def outer(a, b):
 
 
 def test_ref_configs_cover_specs():
-    """Every parametric spec (CONTRACT §3) has a reference config; nonparametric memories (§5) are
-    checked against their own references in test_attention.py and test_nonparametric_variants.py."""
+    """Every parametric spec (docs/semantics.md: parametric memories) has a reference config; nonparametric memories
+    are checked against their own references in test_attention.py and test_nonparametric_variants.py."""
     stems = {p.stem for p in SPECS.glob("*.miras") if "nonparametric" not in p.read_text()}
     assert stems, "no specs found"
     assert set(REF_CONFIGS) == stems

@@ -1,4 +1,5 @@
-"""Compiled modules (CONTRACT §2) against the independent float64 reference of CONTRACT §3.
+"""Compiled modules (docs/module-api.md) against the independent float64 reference of docs/semantics.md: parametric
+memories.
 
 For every spec in specs/: the recurrent algorithm against tests/reference.py (outputs, final state and
 gradients, float64), the chunked algorithm against the recurrent one, gradcheck on tiny shapes, and
@@ -25,7 +26,8 @@ from reference import (
 mirasc = pytest.importorskip("mirasc")
 
 SPECS = Path(__file__).resolve().parents[1] / "specs"
-# Parametric specs (CONTRACT §3); nonparametric memories (§5) are tested in test_attention.py.
+# Parametric specs (docs/semantics.md: parametric memories); nonparametric memories (§5) are tested in
+# test_attention.py.
 SPEC_NAMES = sorted(p.stem for p in SPECS.glob("*.miras") if mirasc.parse_file(p).parametric)
 f64, f32 = torch.float64, torch.float32
 B, H, D = 2, 2, 8

@@ -1,4 +1,5 @@
-"""The chunked Triton kernels with a decay over key channels (alpha=gate(k), CONTRACT §6) and a written key
+"""The chunked Triton kernels with a decay over key channels (alpha=gate(k), docs/semantics.md: channel-wise gates)
+and a written key
 scaled per channel (lr=gate(k)), run by the interpreter on the CPU against the independent float64
 reference (tests/reference.py): outputs, final state and the gradients of q, k, v, every gate and the
 initial state. Hebbian (GLA, HGRN2), delta (KDA, order=post, implicit) and mini-batch families; a chunk that does not

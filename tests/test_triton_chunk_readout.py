@@ -1,4 +1,4 @@
-"""Chunk readouts (CONTRACT §7) on the Triton backend, run by the interpreter on the CPU.
+"""Chunk readouts (docs/semantics.md: chunk readouts) on the Triton backend, run by the interpreter on the CPU.
 
 kl (Memora): each chunk's lag token is one dense torch step and the rest of the chunk runs on the dual-form
 kernels of its decay form (the MLP mini-batch kernels, single-tile and streamed schedules, or the linear

@@ -33,7 +33,8 @@ VARIANTS = {
 
 
 def _channels(mod, name, Dk, Dv):
-    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (docs/semantics.md, channel-wise
+    gates)."""
     side = getattr(mod, "GATE_CHANNELS", {}).get(name)
     return () if side is None else (Dk,) if side == "k" else (Dv,)
 
@@ -98,7 +99,8 @@ def test_minibatch_kernels_match_the_recurrence(name, shape):
 def test_which_specs_have_minibatch_kernels():
     """Every mini-batch spec whose retention keeps the weights linear in the accumulated updates;
     Moneta and Memora with per-token readouts (lq, kl) read through a nonlinear map and keep the recurrent
-    kernel. Their chunk-readout forms (CONTRACT §7) run each chunk on the kernels of their decay form, one launch
+    kernel. Their chunk-readout forms (docs/semantics.md: chunk readouts) run each chunk on the kernels of their decay
+    form, one launch
     per chunk (tests/test_triton_chunk_readout.py). omega_yaad's Omega window runs on them as c kernel rows per
     token (tests/test_triton_omega.py)."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras") if hasattr(mirasc.compile_spec(p), "_minibatch_triton"))

@@ -1,4 +1,5 @@
-"""Channel-wise learning rates (and Huber thresholds) on the mini-batch Triton kernels (CONTRACT §6, issue 11).
+"""Channel-wise learning rates (and Huber thresholds) on the mini-batch Triton kernels (docs/semantics.md:
+channel-wise gates, issue 11).
 
 `lr=gate(v)` weights the loss per output channel, ℓ_t = Σᵢ η_{t,i} ℓ(eᵢ): in the IR the coefficient `eta_ch` is
 an input of the gradient graph `memory_grad` that scales dℓ/dy (`lr=gate(k)` on a linear memory scales the
@@ -62,7 +63,7 @@ CASES = {
                            retention=dict(kind="decay", alpha="gate"),
                            learner=dict(kind="momentum", lr="gate(v)", theta="gate"), parallel=8,
                            gate_ranges=dict(delta=(0.5, 2.0)))),
-    # Moneta and Memora as the paper trains them (readout=chunk, CONTRACT §7), channel-wise η
+    # Moneta and Memora as the paper trains them (readout=chunk, docs/semantics.md: chunk readouts), channel-wise η
     "moneta_lr_v": (f"memory = {MLP}; bias = lp(p=3); retention = lq(q=4, alpha=gate); learner = gd(lr=gate(v)); "
                     "parallel = minibatch(8, readout=chunk)",
                     dict(memory=MLP_REF, bias=dict(kind="lp", p=3.0, eps=1e-6),

@@ -14,7 +14,8 @@ import mirasc
 
 triton = pytest.importorskip("triton")
 ALL_SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
-# Chunk readouts (CONTRACT §7: moneta, memora) have no fused recurrent kernel (see the test below).
+# Chunk readouts (docs/semantics.md: chunk readouts: moneta, memora) have no fused recurrent kernel (see the test
+# below).
 CHUNK_READOUT = sorted(p.stem for p in ALL_SPECS if getattr(mirasc.parse_file(p).parallel, "readout", "") == "chunk")
 # The Atlas pieces feature=poly on an MLP memory and muon have no Triton kernel; tests/test_omega_atlas.py checks that
 # backend="triton" says why (the Omega rule runs on the recurrent kernel: also tests/test_triton_omega.py).
@@ -29,7 +30,8 @@ RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.0, 0.9), "delta":
 
 
 def _channels(mod, name, Dk, Dv):
-    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (CONTRACT §6)."""
+    """The trailing shape of a gate: none per head, (Dk,) or (Dv,) channel-wise (docs/semantics.md, channel-wise
+    gates)."""
     side = getattr(mod, "GATE_CHANNELS", {}).get(name)
     return () if side is None else (Dk,) if side == "k" else (Dv,)
 
@@ -96,9 +98,9 @@ def test_triton_recurrent_fp16_inputs(name):
 
 
 def test_chunk_readout_has_no_fused_recurrent_kernel():
-    """readout=chunk (CONTRACT §7) has no fused recurrent kernel: backend="triton" with algorithm="recurrent" is a
-    clear error naming readout=chunk, never the per-token kernel's (different) function; backend="auto" runs
-    torch on the CPU. (Memora's chunked Triton path: tests/test_triton_chunk_readout.py.)"""
+    """readout=chunk (docs/semantics.md: chunk readouts) has no fused recurrent kernel: backend="triton" with
+    algorithm="recurrent" is a clear error naming readout=chunk, never the per-token kernel's (different) function;
+    backend="auto" runs torch on the CPU. (Memora's chunked Triton path: tests/test_triton_chunk_readout.py.)"""
     assert CHUNK_READOUT == ["memora", "moneta"]
     for name in CHUNK_READOUT:
         mod = mirasc.compile_spec(ALL_SPECS[0].parent / f"{name}.miras")

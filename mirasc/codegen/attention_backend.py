@@ -1,4 +1,4 @@
-"""Emitter for nonparametric memories (docs/semantics.md, issue 4): the Nadaraya–Watson read with the
+"""Emitter for nonparametric memories (docs/semantics.md, nonparametric memories): the Nadaraya–Watson read with the
 softmax, additive (Bahdanau) or polynomial kernel; windows, cross-attention, MemN2N hops with weight
 tying and temporal encoding, Multi-Token Attention; a flash-style Triton kernel where it applies."""
 

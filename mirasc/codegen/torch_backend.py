@@ -349,7 +349,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     """The `# @if` flags of the torch template (the Triton ones are added by _triton_sections)."""
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     channel_decay = _channel_decay_side(spec)
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # CONTRACT §7 (lq or kl)
+    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # docs/semantics.md: chunk readouts (lq or kl)
     return {
         "minibatch": par.kind == "minibatch",
         "chunked": kind is not None,  # a chunked form exists (CHUNKED; algorithm='chunked' is refused otherwise)
@@ -461,9 +461,10 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     and sets the template's Triton flags."""
     r, par = spec.retention, spec.parallel
     chunk_readout = flags["chunk_readout"]
-    # readout=chunk (CONTRACT §7) on Triton: each chunk is the dual form of a decay retention, launched per chunk by
-    # _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at A_{s-1} / n_c, in
-    # weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient lqs<i>.
+    # readout=chunk (docs/semantics.md: chunk readouts) on Triton: each chunk is the dual form of a decay retention,
+    # launched per chunk by _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at
+    # A_{s-1} / n_c, in weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient
+    # lqs<i>.
     tri_spec, tri_grad, tri_coefs, tri_d, tri_forward = spec, grad, coef_order, d, forward
     features = triton_backend.feature_spec(spec) if not chunk_readout else None
     if features is not None:  # feature=poly, linear memory: the kernels run the plain memory on φ_p(q), φ_p(k)
@@ -489,8 +490,9 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
               else None)
     minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
     if chunk_readout and triton_section and family is None and not minibatch:
-        triton_section, no_triton = "", (f"readout=chunk (CONTRACT §7) with {r.kind} retention runs on the decay "
-                                         "form's chunk kernels, and there are none for this memory and learner")
+        triton_section, no_triton = "", (f"readout=chunk (docs/semantics.md: chunk readouts) with {r.kind} retention "
+                                         "runs on the decay form's chunk kernels, and there are none for this memory "
+                                         "and learner")
     flags["triton"] = bool(triton_section)
     flags["triton_chunked"] = family is not None
     flags["triton_momentum"] = family == "momentum"  # padding tokens also need θ = 1 (S must not decay)

@@ -12,7 +12,7 @@ print it (one per kernel family; see README "How to add a kernel family").
   triton_minibatch.py      the mini-batch (dual-form) kernels of MLP and linear memories, one register tile
   triton_stream_printer.py / triton_minibatch_stream.py  the same dual form streamed over weight tiles
 
-Fused recurrent kernels (issue 3, first part), for every parametric spec, printed from the same IR graphs
+Fused recurrent kernels, for every parametric spec, printed from the same IR graphs
 and derivation as the torch module. Where every value row of a linear memory updates on its own
 (`v_tile_reason` is None: l2/dot/lp/huber/custom biases, none/decay/elastic/bregman/kl retention — kl's
 softmax runs along each row — gd/implicit/momentum learners), the grid is (cdiv(Dv, BV), B·H) like FLA's
@@ -71,7 +71,8 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
     is a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k) (see `feature_spec`)."""
     par = spec.parallel
     if par.kind == "minibatch" and par.readout == "chunk":
-        raise Unsupported(f"readout=chunk (CONTRACT §7, {spec.retention.kind} retention) has no Triton kernel yet: the "
+        raise Unsupported(f"readout=chunk (docs/semantics.md: chunk readouts, {spec.retention.kind} retention) has no "
+                          "Triton kernel yet: the "
                           "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
                           "readout")
     why = _atlas_reason(spec, grad)

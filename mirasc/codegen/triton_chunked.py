@@ -36,7 +36,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
     gradients at the chunk's anchor). "momentum" (l2 bias, momentum learner, gates per head) is not on the pair: its
     own scans carry the state [W, S] (one triangular solve per chunk in the preparation).
-    Channel-wise gates (CONTRACT §6): a decay over key channels (alpha=gate(k)) selects the kernels that
+    Channel-wise gates (docs/semantics.md: channel-wise gates): a decay over key channels (alpha=gate(k)) selects the
+    kernels that
     take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
     every family (the mini-batch family's gradients at the anchor need no coupling, so its
     preparation is the same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ
@@ -64,7 +65,8 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
 
 def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False, features: bool = False) -> str:
     """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family. lq_scale: the
-    mini-batch family run by a chunk readout of lq retention (CONTRACT §7), whose updates in weight space are η/n_c
+    mini-batch family run by a chunk readout of lq retention (docs/semantics.md: chunk readouts), whose updates in
+    weight space are η/n_c
     with the chunk's normaliser n_c passed as the coefficient `lqs0`."""
     r = spec.retention
     sides = spec.gate_channels()

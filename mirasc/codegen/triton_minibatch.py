@@ -1,4 +1,4 @@
-"""Mini-batch (dual-form) Triton kernels, forward and backward, printed from the IR (issue 3, part 3).
+"""Mini-batch (dual-form) Triton kernels, forward and backward, printed from the IR.
 
 For `parallel=minibatch(C)` every gradient in a chunk of C tokens is taken at the chunk's anchor
 state W_0 (and S_0, the momentum), so with identity readout (retention none or decay; learner gd
@@ -27,7 +27,7 @@ the interpreter uses it (small states); on a GPU it spills even at D = 16. "stre
 (triton_minibatch_stream.py): the weights stay in global memory (the W_0 checkpoints) and every dimension
 is walked in tiles, so the on-chip footprint depends only on the chunk tile BC and the tile width; this is
 what runs Titans, TTT-MLP and Yaad at D = 128, E = 512. Both print the same IR graphs.
-Channel-wise coefficients (CONTRACT §6): `lr=gate(v)` (`lr=gate(k)` on a linear memory) and
+Channel-wise coefficients (docs/semantics.md: channel-wise gates): `lr=gate(v)` (`lr=gate(k)` on a linear memory) and
 `huber(delta=gate(v))` are inputs of `memory_grad` (`eta_ch` weights dℓ/dy, or the first layer's input
 η ⊙ k; `delta` is the Huber threshold), so the kernels load them as [C, n] token tiles like k and v and
 take their cotangents from `ir.vjp(memory_grad)` with them as vector inputs; the per-head η of the
@@ -63,7 +63,7 @@ def minibatch_reason(spec: S.Spec) -> str | None:
     if spec.parallel.kind != "minibatch":
         return "the spec is not parallel=minibatch(C)"
     if spec.parallel.readout == "chunk":
-        return f"readout=chunk (CONTRACT §7) with {r.kind} retention has no mini-batch kernel yet"
+        return f"readout=chunk (docs/semantics.md: chunk readouts) with {r.kind} retention has no mini-batch kernel yet"
     if r.kind not in ("none", "decay"):
         return (f"{r.kind} retention reads the memory through a nonlinear map of its accumulator, so the "
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
@@ -77,7 +77,8 @@ def minibatch_reason(spec: S.Spec) -> str | None:
 
 
 def vector_inputs(spec: S.Spec) -> dict[str, str]:
-    """The channel-wise coefficients the kernels read as [C, n] token tiles of the gradient graph (CONTRACT §6):
+    """The channel-wise coefficients the kernels read as [C, n] token tiles of the gradient graph (docs/semantics.md:
+    channel-wise gates):
     lr=gate(v|k) as `eta_ch` (dℓ/dy weighted per output channel, or the first layer's input η ⊙ k) and
     huber(delta=gate(v)); name -> the side ("k" or "v") they run over. Their cotangents come out of the
     reverse-mode graph of `memory_grad` like those of k and v."""

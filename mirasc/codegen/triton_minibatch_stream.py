@@ -137,7 +137,8 @@ class _Printer(GraphPrinter):
 
 def _factors(em, scr, wdims, grad, coef_order, vecs, anchors, mom_anchors, mom):
     """The chunk's gradient factors at its anchor: `memory_grad` on the chunk (plain matmuls). Per-head
-    coefficients are columns of C; channel-wise ones (`vecs`, CONTRACT §6) token rows of G_<name>, like k and v."""
+    coefficients are columns of C; channel-wise ones (`vecs`, docs/semantics.md: channel-wise gates) token rows of
+    G_<name>, like k and v."""
     env = {"k": _tokens("K", "k"), "v": _tokens("V", "v")}
     env.update({n: ("coef", j) for j, n in enumerate(n for n in coef_order if n not in vecs)})
     env.update({n: _tokens(f"G_{n}", side) for n, side in vecs.items()})

@@ -138,7 +138,7 @@ def load_token(scalars: list[str], vectors: dict[str, str]) -> list[str]:
 
 def vector_loads(vectors: dict[str, str]) -> list[str]:
     """Token t's channel-wise coefficients: α and θ as factors on a weight tile (key channels scale its columns,
-    value channels its rows: CONTRACT §6), η and δ as vectors the gradient graph reads."""
+    value channels its rows: docs/semantics.md: channel-wise gates), η and δ as vectors the gradient graph reads."""
     lines = []
     for n, side in vectors.items():
         bcast = "" if n not in ("alpha", "theta") else "[None, :]" if side == "k" else "[:, None]"

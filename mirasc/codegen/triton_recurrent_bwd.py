@@ -64,7 +64,8 @@ class _Backward:
         self.n_w = len(self.wdims)
         self.bc = batched_factors(spec)
         self.scal = {n: f"c_{n}" for n in coef_order}
-        self.vectors = vector_coefficients(spec)  # channel-wise (CONTRACT §6): their cotangents are vectors too
+        # channel-wise (docs/semantics.md: channel-wise gates): their cotangents are vectors too
+        self.vectors = vector_coefficients(spec)
         self.scalars = [n for n in coef_order if n not in self.vectors]
         seeds = {}
         for i in range(self.n_w):
