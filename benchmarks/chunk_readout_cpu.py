@@ -1,6 +1,7 @@
 """CPU speed of the chunk readouts (docs/semantics.md: chunk readouts): Moneta and Memora with readout=chunk
 against Titans (same MLP memory, same C = 64), forward + backward through apply(..., backend="torch",
-algorithm="chunked"); the per-token forms (moneta_token, memora_token) for comparison. torch, float32, one thread; the best of N interleaved runs.
+algorithm="chunked"); the per-token forms (moneta_token, memora_token) for comparison. torch, float32, one thread;
+the best of N interleaved runs.
 
     PYTHONPATH=. python benchmarks/chunk_readout_cpu.py [--reps 5]
 """
