@@ -153,3 +153,10 @@ def test_a_float32_recurrence_that_is_not_finite_fails(monkeypatch):
     assert own.failed and not own.passed()
     chunked = next(r for r in rows if r.algorithm == "chunked")
     assert chunked.passed() and not chunked.bounds  # a NaN widens nothing
+
+
+def test_the_float32_measure_is_shown_with_the_triton_backend_alone():
+    pytest.importorskip("triton")
+    rows = verify.verify(_module("gated_deltanet"), dtypes=("float32",), backends=("triton",))
+    assert [(r.backend, r.info) for r in rows][0] == ("torch", True)
+    assert all(r.backend == "triton" for r in rows[1:]) and all(r.passed() for r in rows)
