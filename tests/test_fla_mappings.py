@@ -251,6 +251,29 @@ def momentum_deltanet_vs_fla(**apply_kw):
     compare(ours, theirs, x)
 
 
+@pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+def test_momentum_deltanet_momentum_buffer_mapping(algorithm):
+    """FLA's momentum buffer M (K×V) is mirasc's S_W = −β·Mᵀ: a non-zero initial_M enters as S_W,0 = −β_0·M_0ᵀ with
+    β_0 := β_1 (so θ_1 = μ_1), and the final M_T = −S_W,Tᵀ / β_T (docs/coverage.md, the Momentum DeltaNet row)."""
+    naive = fla("momentum_delta_rule.naive", "recurrent_momentum_delta_rule_ref")
+    mod = spec("momentum_delta")
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, DK, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, H, DV, generator=g)
+    a, mu, eta = (torch.rand(B, T, H, generator=g) for _ in range(3))
+    beta = 0.2 + torch.rand(B, T, H, generator=g)
+    S0, M0 = torch.randn(B, H, DK, DV, generator=g), torch.randn(B, H, DK, DV, generator=g)
+    o_ref, final = naive(q, k, v, -0.2 * a, torch.log(mu), k, beta=beta, eta=eta, scale=1.0, initial_S=S0,
+                         initial_M=M0, output_final_state=True)
+    before = torch.cat([beta[:, :1], beta[:, :-1]], 1)  # β_0 := β_1
+    gates = {"eta": beta * eta, "alpha": torch.exp(-0.2 * a), "theta": mu * beta / before}
+    state = {"W": _T(S0), "S_W": -beta[:, 0, :, None, None] * _T(M0)}
+    o, st = mod.apply(q, k, v, gates, state=state, algorithm=algorithm, chunk_size=4)
+    assert rel(o, o_ref) < 1e-5
+    assert rel(st["W"], _T(final[0])) < 1e-5
+    assert rel(st["S_W"], -beta[:, -1, :, None, None] * _T(final[1])) < 1e-5
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_softmax_attention_and_grouped_queries(window):
     """Softmax attention (full and sliding window) with grouped queries: FLA's HQ = 2H query heads share a key

@@ -1,4 +1,4 @@
-"""The generated fused recurrent Triton kernel (issue 3, first part), run by the interpreter on the CPU:
+"""The generated fused recurrent Triton kernel, run by the interpreter on the CPU:
 for every parametric spec, backend="triton" vs the torch recurrence — outputs, final state and the
 gradients of q, k, v, every gate and the initial state (the backward recomputes the torch recurrence);
 fp16 inputs; dimensions that are not powers of two (padded lanes must stay zero); Dk != Dv."""
@@ -321,3 +321,32 @@ def test_v_tile_width_does_not_change_the_result(monkeypatch):
     monkeypatch.setattr(mod, "_TILE_OVERRIDE", (8, 4))
     for a, b in zip(run(), ref):
         assert rel(a, b) < 1e-6
+
+
+# sin and cos print as tl.sin / tl.cos (docs/language.md, expressions): a custom loss whose derivative (the
+# update) has sin and whose second derivative (the generated backward) has cos runs on the Triton kernel.
+WAVY = """model wavy {
+    memory    = linear
+    bias      = custom(loss = e^2/2 - cos(e)/10)
+    retention = decay(alpha=gate, order=pre)
+    learner   = gd(lr=gate)
+    parallel  = exact
+}"""
+
+
+def test_sin_and_cos_run_on_the_triton_kernel():
+    mod = mirasc.compile_spec(WAVY)
+    q, k, v, gates, state = inputs(mod, 1, 7, 2, 6, 5)
+    leaves = [q, k, v, *gates.values(), *state.values()]
+    for t in leaves:
+        t.requires_grad_(True)
+    o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
+    ref, ref_final = mod.apply(q, k, v, gates, state=state, backend="torch", algorithm="recurrent")
+    assert rel(o, ref) < 1e-5
+    for n in ref_final:
+        assert rel(final[n], ref_final[n]) < 1e-5, n
+    w = torch.randn_like(ref)
+    grads = torch.autograd.grad((o * w).sum() + final["W"].sum(), leaves)
+    ref_grads = torch.autograd.grad((ref * w).sum() + ref_final["W"].sum(), leaves)
+    for a, b in zip(grads, ref_grads):
+        assert rel(a, b) < 1e-5

@@ -154,7 +154,7 @@ class TritonPrinter(TorchPrinter):
     _where, _maximum, _minimum = "tl.where", "tl.maximum", "tl.minimum"
     _clamp_min, _clamp_max = "tl.maximum", "tl.minimum"
     _FUNCS = {"exp": "tl.exp", "log": "tl.log", "erf": "tl.erf", "Abs": "tl.abs", "sigmoid": "tl.sigmoid",
-              "sqrt": "tl.sqrt"}
+              "sqrt": "tl.sqrt", "sin": "tl.sin", "cos": "tl.cos"}
 
     def _print_Function(self, expr):
         name = type(expr).__name__

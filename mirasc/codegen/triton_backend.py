@@ -43,6 +43,7 @@ torch recurrence instead.
 from __future__ import annotations
 
 import hashlib
+import textwrap
 from pathlib import Path
 
 from .. import ir
@@ -114,6 +115,17 @@ def _atlas_reason(spec: S.Spec, grad: ir.Graph) -> str:
     return "; ".join(whys)
 
 
+def _bwd_note(why_not: str) -> str:
+    """The comment over _BWD_STATE in the emitted file: which backward the spec has, and why."""
+    if not why_not:
+        text = ("The backward is the generated reverse sweep over checkpointed segments, keeping the tiles "
+                "below per token.")
+    else:
+        text = ("_BWD_STATE is empty: the backward recomputes the torch recurrence, because "
+                + " ".join(why_not.split()).rstrip(".") + ".")
+    return "\n".join("# " + line for line in textwrap.wrap(text, 110))
+
+
 def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
           features: bool = False) -> str:
     """The recurrent kernels (the backward where every piece has a reverse) in the host-side template."""
@@ -134,7 +146,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "BWD_STATE": repr(tuple(bwd_state)), "BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
         "BWD_SEGMENT": str(BWD_SEGMENT), "FACTOR_BLOCK": str(batched_factors(spec)),
-        "FACTOR_DIMS": repr(tuple(spec.weight_dims())), "BWD_REASON": why_not,
+        "FACTOR_DIMS": repr(tuple(spec.weight_dims())), "BWD_NOTE": _bwd_note(why_not),
         "V_TILES": repr(v_reason is None), "V_TILE_REASON": v_reason or "",
         "TILES_FWD": str(live_tiles(spec, False)), "TILES_BWD": str(live_tiles(spec, True)),
         "TRITON_FEATURES": repr(features),
