@@ -81,14 +81,19 @@ def _bin_dir():
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def _cubin_resources(cubin: bytes) -> tuple[int, int]:
-    """(registers, spill stack bytes) of the largest function in a cubin."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """What Triton's `cuobjdump FLAG` prints for a cubin."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        text = subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), "--dump-resource-usage", path],
+        return subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), flag, path],
                               capture_output=True, text=True, check=False).stdout
+
+
+def _cubin_resources(cubin: bytes) -> tuple[int, int]:
+    """(registers, spill stack bytes) of the largest function in a cubin."""
+    text = _cuobjdump(cubin, "--dump-resource-usage")
 
     def largest(key):
         return max([int(x) for x in re.findall(rf"{key}:(\d+)", text)] or [-1])
@@ -100,12 +105,7 @@ def _sass_mma_kinds(cubin: bytes) -> dict[str, int]:
     """The matrix (tensor-core) instructions a cubin issues, by unit and operand type, counted in its SASS:
     `HGMMA.64x64x16.F32.BF16` counts as "HGMMA.BF16", `HMMA.16816.F32.BF16` as "HMMA.BF16",
     `HMMA.1688.F32.TF32` as "HMMA.TF32". Empty: every product runs on the FMA units."""
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        text = subprocess.run([os.path.join(_bin_dir(), "cuobjdump"), "-sass", path],
-                              capture_output=True, text=True, check=False).stdout
+    text = _cuobjdump(cubin, "-sass")
     kinds: dict[str, int] = {}
     for unit, suffix in re.findall(r"\b(HGMMA|HMMA)\.([A-Z0-9x.]+)", text):
         kind = f"{unit}.{suffix.split('.')[-1]}"  # the operand type is the last field

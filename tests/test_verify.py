@@ -56,11 +56,8 @@ class _ScaleGrad(torch.autograd.Function):
         return g * 1.001
 
 
-@pytest.mark.parametrize("broken", ["output", "gradient of k"])
-def test_verify_fails_on_a_broken_chunked_path(broken, monkeypatch, capsys):
-    mod = _module("deltanet")
-    apply = mod.apply
-
+def _broken_apply(apply, broken):
+    """`apply` with its chunked algorithm off by 1e-3: in the output, or in the gradient of k."""
     def bad_apply(q, k, v, gates=None, *, algorithm="auto", **kw):
         if algorithm == "chunked" and broken == "gradient of k":
             k = _ScaleGrad.apply(k)
@@ -69,7 +66,13 @@ def test_verify_fails_on_a_broken_chunked_path(broken, monkeypatch, capsys):
             o = o * 1.001
         return o, state
 
-    monkeypatch.setattr(mod, "apply", bad_apply)
+    return bad_apply
+
+
+@pytest.mark.parametrize("broken", ["output", "gradient of k"])
+def test_verify_fails_on_a_broken_chunked_path(broken, monkeypatch, capsys):
+    mod = _module("deltanet")
+    monkeypatch.setattr(mod, "apply", _broken_apply(mod.apply, broken))
     assert main(["verify", str(SPECS / "deltanet.miras"), "--backend", "torch"]) == 3
     out = capsys.readouterr().out
     assert out.strip().splitlines()[-1].startswith("FAIL: 1 of 3 checks")
@@ -118,17 +121,7 @@ def test_the_widened_float32_bound_still_fails_a_broken_path(broken, monkeypatch
     """The widened bound is 2 × the float32 recurrence's error, not more: a 1e-3 error in memora's chunked output
     or ∂k (over 2 × its recurrence's 7e-6 and 1.8e-4) still fails."""
     mod = _module("memora")
-    apply = mod.apply
-
-    def bad_apply(q, k, v, gates=None, *, algorithm="auto", **kw):
-        if algorithm == "chunked" and broken == "gradient of k":
-            k = _ScaleGrad.apply(k)
-        o, state = apply(q, k, v, gates, algorithm=algorithm, **kw)
-        if algorithm == "chunked" and broken == "output":
-            o = o * 1.001
-        return o, state
-
-    monkeypatch.setattr(mod, "apply", bad_apply)
+    monkeypatch.setattr(mod, "apply", _broken_apply(mod.apply, broken))
     rows = verify.verify(mod, dtypes=("float32",), backends=("torch",))
     bad = next(r for r in rows if r.algorithm == "chunked")
     assert not bad.passed()
