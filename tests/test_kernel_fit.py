@@ -31,13 +31,14 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 CHUNK_KERNELS = {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd"}
+WY_KERNELS = {"_wy_fwd", "_wy_bwd"}  # the delta rule's chunk preparation (decay per head)
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
     # (bf16 inputs: every product of the per-head chunk kernels takes bf16 operands on the tensor cores, HGMMA on
     # sm_90 and HMMA on sm_80, and every kernel has a kept configuration without spills on both at D = 64 and 128)
-    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS),
-    ("gated_deltanet", "sm_80", 128, "bfloat16", "chunked", CHUNK_KERNELS),
-    ("deltanet", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS),
+    ("gated_deltanet", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS | WY_KERNELS),
+    ("gated_deltanet", "sm_80", 128, "bfloat16", "chunked", CHUNK_KERNELS | WY_KERNELS),
+    ("deltanet", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | WY_KERNELS),
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the variants with a decay over key channels (16-row sub-blocks, g per channel; KDA's scores kernels too)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
@@ -74,7 +75,8 @@ BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwk
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
-EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}, "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"}}
+EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}, "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"},
+                 "gated_deltanet": WY_KERNELS, "deltanet": WY_KERNELS}  # (per-head decay: the preparation kernels)
 
 
 def _nvidia_tools_present():
@@ -107,8 +109,9 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
     names = {r["kernel"] for r in rows}
     assert names, "no kernel was launched"
     if algorithm:
+        extra = EXTRA_KERNELS.get(spec, set()) if algorithm == "chunked" else set()
         assert names == (MINIBATCH_KERNELS if spec == "titans" else MOMENTUM_KERNELS if spec == "momentum_deltanet"
-                         else KERNELS[algorithm] | EXTRA_KERNELS.get(spec, set()))
+                         else KERNELS[algorithm] | extra)
     for r in rows:
         if r["kept"] is False:
             continue
