@@ -511,6 +511,10 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
         flags["half_dots"] = "tf32"
     else:
         flags["half_dots"] = "ieee"
+    # 16-bit q, k, v reach the delta family's chunk op as they are: its kernels (preparation and scan, decay per
+    # head) read them in place (with a feature map, φ is computed in the compute dtype first)
+    flags["half_in_place"] = (flags["half_dots"] == "input" and family == "delta" and features is None
+                              and tri_spec.gate_channels().get("alpha") != "k")
     # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
     # (not with an Omega window: padded rows would enter the carried window)
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
