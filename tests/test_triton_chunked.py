@@ -234,10 +234,11 @@ def test_dot_precision_policy(name, monkeypatch):
 
 # 16-bit inputs on the tensor cores (docs/semantics.md "Numerics"): every product of the chunk kernels takes operands
 # rounded to the inputs' type and accumulates in fp32; the running state, log-decays and the triangular solve stay
-# fp32. The interpreter computes the same numbers (bf16 operands widened exactly before each product). Judged as
+# fp32. The interpreter computes the same numbers (bf16 operands rounded to nearest by hand, then widened exactly
+# before each product: test_interpreter_rounds_to_nearest). Judged as
 # flash-linear-attention judges its kernels: against the float64 recurrence on the same (16-bit) inputs, outputs,
 # final state and every input's gradient within 3 unit roundoffs of the input type (relative RMS error), and the
-# outputs and gradients within 6x the error of the module's own torch path (fp32 inside, 16-bit only at its edges).
+# outputs and gradients within 3x the error of the module's own torch path (fp32 inside, 16-bit only at its edges).
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
@@ -269,7 +270,7 @@ def test_half_inputs_round_only_operands(name, dtype):
         err = rel(a.double(), r)
         assert err < 3 * UNIT_ROUNDOFF[dtype], (label, err)
         if label != "W":  # (the torch path's state is fp32 throughout: no 16-bit error to compare with)
-            assert err < 6 * rel(b.double(), r), (label, err, rel(b.double(), r))
+            assert err < 3 * rel(b.double(), r), (label, err, rel(b.double(), r))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -285,3 +286,33 @@ def test_gates_are_not_rounded_to_16_bits(dtype):
                                 " learner = gd(lr=gate)\n}")
     assert decay._coefficients({"eta": gates["eta"]}, q)["alpha"].dtype == torch.float32
     assert bool((decay._coefficients({"eta": gates["eta"]}, q)["alpha"] == torch.tensor(0.9995)).all())
+
+
+_TO_BF16 = None
+
+
+tl = triton.language
+
+
+@triton.jit
+def _round_kernel(X, Y, Z, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(X + r)
+    tl.store(Y + r, _TO_BF16(x, True))  # the kernels' rounding under the interpreter (fp32 out)
+    tl.store(Z + r, x.to(tl.bfloat16))  # the interpreter's own conversion
+
+
+def test_interpreter_rounds_to_nearest():
+    """The chunk kernels' bf16 operands and 16-bit results under the interpreter are rounded to nearest, ties to
+    even, as the GPU's conversion does; the interpreter's own fp32 -> bf16 conversion truncates (twice the
+    error), which would make every bf16 accuracy figure measured here worse than the GPU's."""
+    global _TO_BF16
+    mod = compile_named("gated_deltanet")
+    _TO_BF16 = mod._to_bf16
+    x = torch.randn(1024, generator=torch.Generator().manual_seed(0))
+    x[:4] = torch.tensor([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 3.0e38])  # ties, a sign, overflow
+    y, z = torch.empty(1024), torch.empty(1024, dtype=torch.bfloat16)
+    _round_kernel[(1,)](x, y, z, N=1024)
+    assert torch.equal(y, x.bfloat16().float())  # torch rounds to nearest even
+    truncated = (z.float() != x.bfloat16().float()).float().mean().item()
+    assert truncated > 0.3, "the interpreter's conversion now rounds: drop the hand rounding (_to_bf16's WIDEN)"
