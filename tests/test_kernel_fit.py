@@ -31,7 +31,8 @@ import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
 CHUNK_KERNELS = {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd"}
-WY_KERNELS = {"_wy_fwd", "_wy_bwd"}  # the delta rule's chunk preparation (decay per head)
+WY_KERNELS = {"_wy_fwd", "_wy_bwd"}  # the delta rule's chunk preparation
+SCORES_KERNELS = {"_chunk_scores_fwd", "_chunk_scores_bwd"}  # a key-channel decay's scores
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
     # (bf16 inputs: every product of the per-head chunk kernels takes bf16 operands on the tensor cores, HGMMA on
@@ -42,8 +43,8 @@ CASES = [
     ("mamba2", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the variants with a decay over key channels (16-row sub-blocks, g per channel; KDA's scores kernels too)
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    ("kda", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS | {"_chunk_scores_fwd", "_chunk_scores_bwd"}),
-    ("kda", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | {"_chunk_scores_fwd", "_chunk_scores_bwd"}),
+    ("kda", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
+    ("kda", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
     # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
     ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept)
@@ -75,7 +76,8 @@ BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwk
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
-EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"}, "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"},
+EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"} | WY_KERNELS,
+                 "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"},
                  "gated_deltanet": WY_KERNELS, "deltanet": WY_KERNELS}  # (per-head decay: the preparation kernels)
 
 
