@@ -316,3 +316,37 @@ def test_interpreter_rounds_to_nearest():
     assert torch.equal(y, x.bfloat16().float())  # torch rounds to nearest even
     truncated = (z.float() != x.bfloat16().float()).float().mean().item()
     assert truncated > 0.3, "the interpreter's conversion now rounds: drop the hand rounding (_to_bf16's WIDEN)"
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "longhorn", "precond_gated_deltanet"])
+def test_half_inputs_read_in_place(name):
+    """bf16 q, k, v as a layer hands them over ([B, T, H, D], contiguous) reach the delta chunk op without a copy
+    (docs/semantics.md "Numerics") when T fills whole chunks, and the result is what the copied layout gives."""
+    mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
+    g = torch.Generator().manual_seed(0)
+    B, T, H, D = 2, 48, 3, 32
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).bfloat16() for _ in "qk")
+    v = torch.randn(B, T, H, D, generator=g).bfloat16()
+    gates = {n: 0.05 + 0.45 * torch.rand(B, T, H, *_channels(mod, n, D, D), generator=g) for n in mod.GATES}
+    seen, op, leaves = [], mod._DELTA_OP, []
+
+    def spy(*args):
+        seen.append(args[-1])  # tf: read as [B, T, H, D]
+        if args[-1]:  # the layer's own tensors
+            assert args[1].data_ptr() == leaves[1].data_ptr() and args[3].data_ptr() == leaves[2].data_ptr()
+        return op(*args)
+
+    mod._DELTA_OP = spy
+    try:
+        runs = []
+        for copy in (False, True):
+            leaves[:] = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+            inp = [t.transpose(1, 2).contiguous().transpose(1, 2) if copy else t for t in leaves]  # strided copy
+            o, final = mod.apply(*inp, gates, backend="triton", chunk_size=16)
+            o.float().square().sum().backward()
+            runs.append([o.float(), final["W"], *(t.grad.float() for t in leaves)])
+    finally:
+        mod._DELTA_OP = op
+    assert seen == [True, False]
+    for a, b in zip(*runs):
+        assert rel(a.double(), b.double()) < 1e-6
