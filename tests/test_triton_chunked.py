@@ -152,10 +152,12 @@ def test_triton_chunked_fp16_inputs():
     assert rel(o, ref) < 2e-3
 
 
-def test_chunk_op_compiles_without_graph_breaks():
-    """The chunk kernels are a registered custom op (fake implementation + autograd formula)."""
+@pytest.mark.parametrize("T,dtype", [(20, torch.float32), (32, torch.bfloat16)], ids=["fp32_padded", "bf16_in_place"])
+def test_chunk_op_compiles_without_graph_breaks(T, dtype):
+    """The chunk kernels are a registered custom op (fake implementation + autograd formula), also where the
+    delta op reads 16-bit [B, T, H, D] inputs in place (T a whole number of chunks)."""
     mod = compile_named("deltanet")
-    q, k, v, gates, state = inputs(mod, 1, 20, 2, 16, 16)
+    q, k, v, gates, state = inputs(mod, 1, T, 2, 16, 16, dtype=dtype)
     for t in (q, k, v, *gates.values()):
         t.requires_grad_(True)
 
