@@ -158,18 +158,24 @@ def test_beating_chance_needs_two_standard_errors():
     assert not explore.above_chance(0.09, 0.05, 100) and explore.above_chance(0.09, 0.05, 10_000)
 
 
-def test_interrupt_writes_the_leaderboard_of_finished_cells(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "run"
-    real = explore.train_cell
-    calls = []
+def ctrl_c_on_second_cell(monkeypatch):
+    """Make the second call of explore.train_cell raise KeyboardInterrupt (a user's Ctrl-C mid-run); the first
+    trains for real. Returns the list of calls made."""
+    real, calls = explore.train_cell, []
 
-    def first_then_ctrl_c(*args, **kwargs):
+    def train_cell(*args, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(explore, "train_cell", first_then_ctrl_c)
+    monkeypatch.setattr(explore, "train_cell", train_cell)
+    return calls
+
+
+def test_interrupt_writes_the_leaderboard_of_finished_cells(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    ctrl_c_on_second_cell(monkeypatch)
     assert explore.main(["--memory", "linear", "--bias", "l2", "dot"] + ONE + ["--out", str(out)]) == 130
     captured = capsys.readouterr()
     assert "interrupted after 1 of 2 cell(s) to train" in captured.err

@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna  # the test extra installs it: these tests run, never skip
 import pytest
 import torch
+from test_explore import ctrl_c_on_second_cell
 
 from mirasc import explore, search
 
@@ -116,15 +117,7 @@ def test_interrupted_study_resumes_with_the_interrupted_trial(tmp_path, capsys, 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     argv = GRID + ONE + ["--out", str(out), "--sampler", "grid", "--study", url]
     real = explore.train_cell
-    calls = []
-
-    def second_is_ctrl_c(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(explore, "train_cell", second_is_ctrl_c)
+    ctrl_c_on_second_cell(monkeypatch)
     assert explore.main(argv) == 130
     assert "run the same command to go on" in capsys.readouterr().err
     study = _study(url)
