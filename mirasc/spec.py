@@ -315,8 +315,13 @@ class LayerOptions(Form):
     nu_bias: Annotated[float, Field(ge=-20, le=20)] = 5.0      # precond statistic's decay ν = sigmoid(nu_bias + ·)
     rho_bias: Annotated[float, Field(ge=-20, le=20)] = 0.0     # precond statistic's rate ρ = sigmoid(rho_bias + ·)
     qk_norm: Literal["l2", "none"] = "l2"
+    # rms: v is RMS-normalised per head (no gain), the scale of what an MLP memory's LayerNorm'd read can return
+    v_norm: Literal["rms", "none"] = "none"
     out_norm: Literal["rms", "none"] = "rms"
     out_gate: bool = True
+    # the gate projections' share of the outer learning rate: the Layer keeps it as `gate_lr` and the trainers'
+    # `param_groups` give those parameters lr·gate_lr (docs/module-api.md, "Layer"; docs/training.md)
+    gate_lr: Annotated[float, Field(gt=0, le=1)] = 1.0
     head_dim: Annotated[int, Field(ge=0, le=4096)] = 0     # 0: d_model // num_heads
 
 
@@ -329,8 +334,15 @@ class LayerOptions(Form):
 # there. A channel-wise gate (the paper forms' η = gate(v)) gets a shared per-head term (gate_head_term): it starts
 # as the per-head gate, which MLP memories learn from, and learns per channel from there (Moneta 0.53 -> 0.83,
 # Memora 0.59 -> 0.91, Yaad 0.82 -> 0.87, MQAR acc@64 over 2 seeds; benchmarks/RESULTS.md, 2026-12-03/04).
-# A spec's own `layer { ... }` block wins.
-MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 8.0, "gate_head_term": True}
+# Two more found by instrumenting seeds that learn against seeds that do not (docs/training.md): the gate
+# projections train at a tenth of the outer learning rate (gate_lr), because under AdamW a gate's pre-activation
+# moves by ~lr per weight per step and the η gate of a failing seed saturated (every token's η within 1% of 0 or 1)
+# within 150 steps and never recovered; and v is RMS-normalised (v_norm), the scale a LayerNorm'd read returns, so
+# that the outer loop cannot grow v until ‖e‖ passes the Huber threshold, where Yaad's update stops depending on v
+# (δ·sign(e)) and v's gradient vanishes. ‖e‖ then starts near √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts
+# at softplus(12) ≈ 12. A spec's own `layer { ... }` block wins.
+MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 12.0, "gate_head_term": True,
+                                      "gate_lr": 0.1, "v_norm": "rms"}
 
 
 def params_of(cls: type[Form]) -> list[str]:
@@ -362,10 +374,13 @@ class Spec(BaseModel):
     # ------------------------------------------------------------------ derived facts
     def layer_defaults(self) -> dict[str, Any]:
         """The defaults of this spec's Layer: the `layer { ... }` block over the family defaults (MLP memories:
-        `MLP_LAYER_DEFAULTS`; memories that are not parametric read raw q, k unless the spec asks for qk_norm)."""
+        `MLP_LAYER_DEFAULTS`, v_norm only with a LayerNorm; memories that are not parametric read raw q, k unless the
+        spec asks for qk_norm)."""
         out = {p: v for p, v in self.layer if p != "kind"}
         given = self.layer.model_fields_set
         family = dict(MLP_LAYER_DEFAULTS) if self.memory.kind == "mlp" else {}
+        if family and self.memory.norm != "layernorm":
+            del family["v_norm"]  # the target scale of a LayerNorm'd read; an MLP without one has none to match
         if not self.parametric:
             # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
             family["qk_norm"] = "none"

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import trainloop
 from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the training API)
     CHECKPOINT,
     CONFIG_FIELDS,
@@ -110,14 +111,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices only: no decay on vectors (norms, biases), embeddings or the memories' `initial.*`."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        skip = p.dim() < 2 or "embed" in name or ".initial." in name or name.startswith("initial.")
-        (no_decay if skip else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """Decay matrices only: no decay on vectors (norms, biases), embeddings or the memories' `initial.*`; the
+    Layers' gate projections at their `gate_lr` share of the learning rate (`trainloop.param_groups`)."""
+    def decayed(name, p):
+        return not (p.dim() < 2 or "embed" in name or ".initial." in name or name.startswith("initial."))
+
+    return trainloop.param_groups(model, weight_decay, decayed)
 
 
 def spec_name(text: str) -> str:
@@ -500,7 +499,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
     for step in range(start, end):
         lr = lr_at(step, cfg)
         for g in optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g.get("lr_scale", 1.0)
         x, y = sampler.batch(step)
         x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
         with autocast():

@@ -24,15 +24,31 @@ def make_model(module, models, vocab_size: int, d_model: int, layers: int, heads
                                                 n_heads=heads, layer_options=layer_opts))
 
 
+def param_groups(model, weight_decay: float, decayed=None) -> list[dict]:
+    """AdamW's parameter groups: weight decay on the parameters `decayed(name, p)` selects (default: matrices) and
+    none on the rest; the gate projections of every Layer whose `gate_lr` is not 1 in groups of their own, with
+    "lr_scale" = that `gate_lr` (docs/training.md). A trainer gives each group lr·lr_scale."""
+    decayed = decayed or (lambda name, p: p.dim() >= 2)
+    scale = {}
+    for m in model.modules():
+        proj, factor = getattr(m, "gate_proj", None), getattr(m, "gate_lr", 1.0)
+        if isinstance(proj, torch.nn.Module) and factor != 1.0:
+            scale.update({id(p): float(factor) for p in proj.parameters()})
+    groups: dict[tuple, list] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            key = (weight_decay if decayed(name, p) else 0.0, scale.get(id(p), 1.0))
+            groups.setdefault(key, []).append(p)
+    return [{"params": ps, "weight_decay": wd, "lr_scale": s} for (wd, s), ps in groups.items()]
+
+
 def train(model, tasks, task: str, cfg, *, steps: int, batch_size: int, lr: float, weight_decay: float, seed: int,
           log_every: int, on_step=None, device=None):
-    """AdamW (betas 0.9, 0.95; weight decay on matrices only), linear warm-up over a tenth of the steps then cosine
-    to 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step. Returns (loss curve
+    """AdamW (betas 0.9, 0.95; `param_groups`: weight decay on matrices only), linear warm-up over a tenth of the
+    steps then cosine to 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step. Returns (loss curve
     [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after every step."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    other = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": other, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+    groups = param_groups(model, weight_decay)
+    opt = torch.optim.AdamW([{**g, "lr": lr * g["lr_scale"]} for g in groups], lr=lr, betas=(0.9, 0.95))
     warmup = max(1, steps // 10)
 
     def lr_at(step):  # linear warm-up, cosine to 10%

@@ -120,22 +120,32 @@ def test_gate_head_term_starts_channel_gates_as_the_per_head_gate():
 
 
 def test_mlp_memories_get_their_family_defaults():
-    """MLP memories start with the retention gate floored at alpha_min = 0.999 and the Huber threshold at
-    softplus(8) (benchmarks/RESULTS.md, "MQAR recipes for MLP memories"); linear memories keep α = σ(·) and
-    δ = softplus(0.5); a spec's layer block and Layer(...) win."""
+    """MLP memories start with the retention gate floored at alpha_min = 0.999, the Huber threshold at
+    softplus(12), RMS-normalised v and their gate projections at a tenth of the outer learning rate
+    (docs/training.md); linear memories keep α = σ(·), δ = softplus(0.5), v as projected and the full rate; a spec's
+    layer block and Layer(...) win."""
     root = Path(__file__).resolve().parents[1] / "specs"
     x = torch.randn(2, 9, 16)
     for name, floor in (("titans", 0.999), ("yaad", 0.999), ("gated_deltanet", 0.0), ("mamba2", 0.0)):
         mod = mirasc.compile_spec(root / f"{name}.miras")
         assert mod.LAYER_DEFAULTS["alpha_min"] == floor, name
         assert mod.LAYER_DEFAULTS["alpha_bias"] == 3.0, name
-        assert mod.LAYER_DEFAULTS["delta_bias"] == (8.0 if floor else 0.5), name
+        assert mod.LAYER_DEFAULTS["delta_bias"] == (12.0 if floor else 0.5), name
         assert mod.LAYER_DEFAULTS["gate_head_term"] == bool(floor), name
+        assert mod.LAYER_DEFAULTS["gate_lr"] == (0.1 if floor else 1.0), name
+        assert mod.LAYER_DEFAULTS["v_norm"] == ("rms" if floor else "none"), name
         torch.manual_seed(0)
-        alpha = mod.Layer(16, 2)._project(x)[3]["alpha"]
+        layer = mod.Layer(16, 2)
+        assert layer.gate_lr == mod.LAYER_DEFAULTS["gate_lr"], name
+        _, _, v, gates, _ = layer._project(x)
+        alpha = gates["alpha"]
+        rms = v.pow(2).mean(-1).sqrt()       # per token and head: 1 under v_norm = rms, the projection's own else
+        assert (torch.allclose(rms, torch.ones_like(rms), atol=1e-4)) == bool(floor), (name, rms.mean().item())
         assert alpha.min().item() >= floor, name
         want = floor + (1 - floor) * torch.sigmoid(torch.tensor(3.0)).item()
         assert abs(alpha.mean().item() - want) < 0.02 * (1 - floor), (name, alpha.mean().item(), want)
+    no_layernorm = mirasc.compile_spec(root / "huber_kl_momentum.miras").LAYER_DEFAULTS
+    assert (no_layernorm["v_norm"], no_layernorm["gate_lr"]) == ("none", 0.1)   # no LayerNorm'd read to match
     titans = (root / "titans.miras").read_text()
     own = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { alpha_min = 0.5 }"))
     assert own.LAYER_DEFAULTS["alpha_min"] == 0.5

@@ -216,7 +216,9 @@ def test_config_precedence_cli_and_param_groups(tmp_path):
     assert mtrain.main([SPEC, "--dtype", "float16", "--out-dir", str(tmp_path / "x")]) == 2
 
     model = build(SPEC, mtrain.TrainConfig(d_model=32, n_layers=1).lm_config())
-    decay, no_decay = mtrain.param_groups(model, 0.1)
+    groups = mtrain.param_groups(model, 0.1)
+    assert {g["lr_scale"] for g in groups} == {1.0}      # the default design's gates train at the full rate
+    decay, no_decay = (next(g for g in groups if (g["weight_decay"] > 0) == d) for d in (True, False))
     names = {id(p): n for n, p in model.named_parameters()}
     nd = {names[id(p)] for p in no_decay["params"]}
     d = {names[id(p)] for p in decay["params"]}
@@ -260,3 +262,26 @@ def test_default_warmup_ends_within_a_short_run():
     assert mtrain.TrainConfig(steps=20, warmup=5).warmup_steps == 5
     with pytest.raises(ValueError, match=r"warmup \(20\) must be shorter than steps \(20\)"):
         mtrain.config_from(overrides={"steps": 20, "warmup": 20})
+
+
+def test_gate_lr_scales_the_gate_projections_step():
+    """`gate_lr` reaches the optimiser: Adam's first step moves every parameter by lr·sign(g), so after one step of
+    the explore loop the gate projections have moved by gate_lr·lr and the other matrices by lr (weight decay
+    shrinks a weight by lr·wd·|w| ≪ lr on top)."""
+    from mirasc import models, tasks, trainloop
+
+    torch.manual_seed(0)
+    model = build(SPEC, models.LMConfig(d_model=32, n_layers=1, n_heads=2, layer_options={"gate_lr": 0.1}))
+    assert model.blocks[0].mixer.gate_lr == 0.1
+    groups = trainloop.param_groups(model, 0.1)
+    gate = {id(p) for p in model.blocks[0].mixer.gate_proj.parameters()}
+    assert all((g["lr_scale"] == 0.1) == (id(g["params"][0]) in gate) for g in groups)
+    assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = tasks.make_config("mqar", seq_len=16, num_kv_pairs=2)
+    lr = 1e-3
+    trainloop.train(model, tasks, "mqar", cfg, steps=1, batch_size=4, lr=lr, weight_decay=0.1, seed=0, log_every=1)
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in model.named_parameters()}
+    gate_moves = [m for n, m in moved.items() if ".gate_proj." in n]
+    assert gate_moves and max(gate_moves) == pytest.approx(0.1 * lr, rel=0.05)
+    assert moved["blocks.0.mixer.qkv_proj.weight"] == pytest.approx(lr, rel=0.05)
