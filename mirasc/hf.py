@@ -175,9 +175,9 @@ def export(spec, out_dir, lm_config=None, state_dict=None, seed: int = 0, dtype:
 def export_checkpoint(checkpoint, out_dir) -> Path:
     """Export a `mirasc train` checkpoint (checkpoint.pt, or its run directory) with its trained weights."""
 
-    from .train_config import config_from, read_checkpoint
+    from .train_config import checkpoint_config, read_checkpoint
 
     ckpt = read_checkpoint(checkpoint, ("model", "spec", "config"))
-    cfg = config_from(ckpt["config"])
+    cfg = checkpoint_config(ckpt)
     return export(ckpt["spec"], out_dir, cfg.lm_config(), state_dict=ckpt["model"], dtype=cfg.dtype,
                   tokenizer_files=ckpt.get("tokenizer"))

@@ -56,6 +56,7 @@ from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the tra
     _flag,
     add_arguments,
     apply_threads,
+    checkpoint_config,
     config_from,
     read_checkpoint,
     resolve_device,
@@ -219,7 +220,7 @@ def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, s
     model_sd, optim_sd = _full_state(model, optimizer, env, cfg)
     if env.main:
         ckpt = {"model": model_sd, "optimizer": optim_sd, "step": step, "config": asdict(cfg), "spec": spec,
-                "world_size": env.world, "tokenizer": tokenizer_files,
+                "layer": layer_options(spec, cfg), "world_size": env.world, "tokenizer": tokenizer_files,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -268,6 +269,14 @@ def _run_tokenizer(cfg: TrainConfig, ckpt: dict | None):
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
 
 
+def layer_options(text: str, cfg: TrainConfig) -> dict:
+    """The options the Layers are built with: the spec's defaults (its `layer` block over this version's family
+    defaults) under --layer-options. A checkpoint keeps them, so that a change of a default is seen on resume."""
+    import mirasc
+
+    return {**mirasc.parse_text(text).layer_defaults(), **cfg.layer_options}
+
+
 def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
     """A checkpoint continues only the model it was saved from: the same design (spec) and the same sizes.
     Raises ValueError naming every difference (instead of load_state_dict's key and shape dump)."""
@@ -285,10 +294,20 @@ def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
         if a != b:
             diffs.append(f"layer option {option} = {S.format_value(a)} in the checkpoint, {S.format_value(b)} here")
     saved = config_from(ckpt["config"])
+    built = ckpt.get("layer")        # the Layers' options as built (checkpoints from before they were kept: None)
     for name in MODEL_FIELDS:
         a, b = getattr(saved, name), getattr(cfg, name)
-        if a != b:
+        if a != b and not (name == "layer_options" and built is not None):
             diffs.append(f"{name} {json.dumps(a)} in the checkpoint, {json.dumps(b)} here")
+    if built is not None and not diffs:
+        # the same design and sizes: a default that changed since (or other --layer-options) builds another model
+        here = layer_options(text, cfg)
+        changed = {k: v for k, v in built.items() if k in here and here[k] != v}
+        if changed:
+            diffs += [f"Layer option {k} = {json.dumps(v)} in the checkpoint's model, {json.dumps(here[k])} here"
+                      for k, v in changed.items()]
+            diffs.append(f"--layer-options '{json.dumps({**cfg.layer_options, **changed})}' continues the "
+                         "checkpoint's model")
     if diffs:
         raise ValueError(f"--resume {src}: the checkpoint is of another model (spec `{theirs.name}`, "
                          f"step {ckpt['step']}): " + "; ".join(diffs) + ". Resume with the same spec and sizes, "
@@ -300,7 +319,7 @@ def load_model(path: str | Path, map_location="cpu"):
     from mirasc.models import build
 
     ckpt = read_checkpoint(path, ("model", "config", "spec"))
-    cfg = config_from(ckpt["config"])
+    cfg = checkpoint_config(ckpt)
     model = build(ckpt["spec"], cfg.lm_config()).to(getattr(torch, cfg.dtype))
     model.load_state_dict(ckpt["model"])
     return model

@@ -172,6 +172,15 @@ def read_checkpoint(path, keys=CHECKPOINT_KEYS) -> dict:
     return ckpt
 
 
+def checkpoint_config(ckpt: dict) -> TrainConfig:
+    """The config of a checkpoint's model, with the Layer options it was built with where the checkpoint keeps
+    them (`layer`): a default changed since does not change the model an export or evaluation loads."""
+    cfg = config_from(ckpt["config"])
+    if isinstance(ckpt.get("layer"), dict):
+        cfg = dataclasses.replace(cfg, layer_options=dict(ckpt["layer"]))
+    return cfg
+
+
 def config_from(base: TrainConfig | dict | None = None, file: str | None = None,
                 overrides: dict | None = None) -> TrainConfig:
     """Defaults (or `base`) < JSON file < overrides (keys whose value is None are ignored)."""

@@ -285,3 +285,29 @@ def test_gate_lr_scales_the_gate_projections_step():
     gate_moves = [m for n, m in moved.items() if ".gate_proj." in n]
     assert gate_moves and max(gate_moves) == pytest.approx(0.1 * lr, rel=0.05)
     assert moved["blocks.0.mixer.qkv_proj.weight"] == pytest.approx(lr, rel=0.05)
+
+
+def test_checkpoint_keeps_the_layer_options_it_was_built_with(tmp_path, capsys):
+    """A checkpoint records the Layer options its model was built with (the spec's defaults under --layer-options):
+    resuming where a default has changed since names the option and the --layer-options that continue the same
+    model, and loading the checkpoint builds the model it was trained as, not today's default."""
+    from mirasc.cli import main
+
+    run_dir = tmp_path / "run"
+    tiny = ["--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--seq-len", "16", "--batch-size", "2",
+            "--max-bytes", "50000", "--eval-windows", "2", "--no-progress"]
+    assert main(["train", SPEC, "--steps", "1", "--warmup", "0", "--out-dir", str(run_dir)] + tiny) == 0
+    path = run_dir / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=False)
+    assert ckpt["layer"]["v_norm"] == "none" and ckpt["layer"]["gate_lr"] == 1.0
+    ckpt["layer"]["v_norm"] = "rms"          # as if the model had been built under another default
+    torch.save(ckpt, path)
+    assert mtrain.load_model(path).blocks[0].mixer.v_norm == "rms"
+    capsys.readouterr()
+    assert main(["train", SPEC, "--steps", "2", "--warmup", "0", "--resume", "--out-dir", str(run_dir)] + tiny) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "Layer option v_norm = \"rms\" in the checkpoint's model, \"none\" here" in err
+    assert "--layer-options '{\"v_norm\": \"rms\"}' continues the checkpoint's model" in err
+    assert main(["train", SPEC, "--steps", "2", "--warmup", "0", "--resume", "--out-dir", str(run_dir),
+                 "--layer-options", '{"v_norm": "rms"}'] + tiny) == 0
