@@ -75,6 +75,8 @@ class Recorder:
 
         def _out(x, o):
             seen["o"] = o.detach()
+            if layer.out_gate is not None:
+                seen["out_gate"] = torch.sigmoid(layer.out_gate(x)).detach()
             return out(x, o)
 
         layer._project, layer._out = _project, _out
@@ -94,7 +96,7 @@ def probe(args) -> dict:
     torch.set_num_threads(1)
     module = mirasc.compile_spec(args.spec)
     layer_opts = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.layer)}
-    cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=8)
+    cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
     model = trainloop.make_model(module, models, tasks.VOCAB, 64, 2, 2, layer_opts)
     rec = Recorder(model)
@@ -133,6 +135,9 @@ def probe(args) -> dict:
                     for n, gt in seen["gates"].items():
                         gt = gt.float()
                         b[n] = [float(gt.mean()), float(gt.std()), float(gt.min()), float(gt.max())]
+                    if "out_gate" in seen:
+                        g = seen["out_gate"].float()
+                        b["out_gate"] = [float(g.mean()), float(((g < 0.01) | (g > 0.99)).float().mean())]
                     if "eta" in seen["gates"]:
                         e = seen["gates"]["eta"].float() / layer.eta_max
                         b["eta_saturated"] = float(((e < 0.01) | (e > 0.99)).float().mean())
@@ -145,7 +150,8 @@ def probe(args) -> dict:
                                   "v_rms": [round(b["v_rms"], 3) for b in entry["blocks"]],
                                   "il0": [round(b["inner_loss_init"], 2) for b in entry["blocks"]],
                                   "eta": [round(b["eta"][0], 3) for b in entry["blocks"] if "eta" in b],
-                                  "eta_saturated": [b.get("eta_saturated") for b in entry["blocks"]]}),
+                                  "eta_saturated": [b.get("eta_saturated") for b in entry["blocks"]],
+                                  "out_gate": [b.get("out_gate") for b in entry["blocks"]]}),
                       flush=True)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -163,6 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--pairs", type=int, default=8, help="key-value pairs per training sequence")
     p.add_argument("--layer", nargs="*", default=[], metavar="K=V")
     p.add_argument("--out", required=True)
     p.add_argument("--verbose", action="store_true")

@@ -11,7 +11,8 @@ What is held equal across rows ("equal state size" in the sense of the issue):
   reads and writes the same q, k, v ∈ R^head_dim per head; the Layer around the memory op (projections,
   short causal conv 4, ℓ2-normalised q/k, low-rank gates, per-head RMS norm, output gate — the defaults
   of every spec, none of these specs has a `layer` block; MLP memories get their family's defaults, a
-  retention-gate floor alpha_min = 0.999 and Huber δ from softplus(8); the Forgetting Transformer a full-rank
+  retention-gate floor alpha_min = 0.999, Huber δ from softplus(12), RMS-normalised v and gates trained at a tenth
+  of the learning rate (docs/training.md); the Forgetting Transformer a full-rank
   forget gate starting at σ(5); see docs/module-api.md), the SwiGLU
   MLPs and the tied byte embeddings;
 - the training: AdamW, peak lr, warm-up + cosine schedule, gradient clipping, steps, batch size and

@@ -325,22 +325,14 @@ class LayerOptions(Form):
     head_dim: Annotated[int, Field(ge=0, le=4096)] = 0     # 0: d_model // num_heads
 
 
-# Layer defaults that differ for MLP memories, chosen by measurement (benchmarks/RESULTS.md, "MQAR recipes for
-# MLP memories", 2026-12-03). A retention gate that decays an MLP memory shrinks the network that computes every
-# key's features, not only old associations, so its α is kept within [alpha_min, 1] (≥ 94% of the map kept over
-# a 64-token mini-batch). The error of an MLP memory with a LayerNorm has norm ≈ √head_dim (≈ 6 at head_dim 32)
-# at the start, far above the Huber threshold δ ≈ 1 of the linear default, where the update is δ·sign(e), whose
-# sign the memory's own output sets, not v; δ starts at softplus(8) ≈ 8 (the l2 regime) and is learned from
-# there. A channel-wise gate (the paper forms' η = gate(v)) gets a shared per-head term (gate_head_term): it starts
-# as the per-head gate, which MLP memories learn from, and learns per channel from there (Moneta 0.53 -> 0.83,
-# Memora 0.59 -> 0.91, Yaad 0.82 -> 0.87, MQAR acc@64 over 2 seeds; benchmarks/RESULTS.md, 2026-12-03/04).
-# Two more found by instrumenting seeds that learn against seeds that do not (docs/training.md): the gate
-# projections train at a tenth of the outer learning rate (gate_lr), because under AdamW a gate's pre-activation
-# moves by ~lr per weight per step and the η gate of a failing seed saturated (every token's η within 1% of 0 or 1)
-# within 150 steps and never recovered; and v is RMS-normalised (v_norm), the scale a LayerNorm'd read returns, so
-# that the outer loop cannot grow v until ‖e‖ passes the Huber threshold, where Yaad's update stops depending on v
-# (δ·sign(e)) and v's gradient vanishes. ‖e‖ then starts near √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts
-# at softplus(12) ≈ 12. A spec's own `layer { ... }` block wins.
+# Layer defaults that differ for MLP memories, each found by reading a run that failed (docs/training.md has the
+# mechanism and the measurements of each): a retention gate that decays an MLP memory shrinks the network that
+# computes every key's features, so α stays within [alpha_min, 1]; a channel-wise gate starts as the per-head gate
+# (gate_head_term); the gate projections train at a tenth of the outer learning rate (gate_lr), because under AdamW
+# a gate's pre-activation moves ~lr per weight per step and a failing seed's η saturated on every token within 150
+# steps; v is RMS-normalised (v_norm), the scale a LayerNorm'd read returns, so the outer loop cannot grow v until the
+# error passes the Huber threshold, where the update δ·sign(e) passes no gradient to v; the error then starts near
+# √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts at softplus(12) ≈ 12. A spec's own `layer { ... }` block wins.
 MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 12.0, "gate_head_term": True,
                                       "gate_lr": 0.1, "v_norm": "rms"}
 
