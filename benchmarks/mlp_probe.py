@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import mirasc  # noqa: E402
-from mirasc import models, tasks, trainloop  # noqa: E402
+from mirasc import explore, models, tasks, trainloop  # noqa: E402
 
 GROUPS = ("qkv_proj", "gate_proj", "initial", "out_gate", "o_proj", "conv_weight", "norm_weight", "embed", "mlp",
           "other")
@@ -42,13 +41,6 @@ def group_of(name: str) -> str:
         if f".{g}" in name or name.startswith(g) or (g == "mlp" and ".mlp." in name):
             return g
     return "other"
-
-
-def _value(text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def _stats(x: torch.Tensor) -> float:
@@ -95,30 +87,17 @@ def inner_loss(module, layer, k, v) -> tuple[float, float]:
 def probe(args) -> dict:
     torch.set_num_threads(1)
     module = mirasc.compile_spec(args.spec)
-    layer_opts = {k: _value(v) for k, v in (kv.split("=", 1) for kv in args.layer)}
+    layer_opts = explore._pairs(args.layer)  # as `mirasc explore --layer` reads them
     cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
     model = trainloop.make_model(module, models, tasks.VOCAB, 64, 2, 2, layer_opts)
     rec = Recorder(model)
     steps, lr, seed = args.steps, args.lr, args.seed
-    # the loop of trainloop.train, with the gradient norms read before clipping
-    opt = torch.optim.AdamW([{**g, "lr": lr * g["lr_scale"]} for g in trainloop.param_groups(model, 0.1)],
-                            lr=lr, betas=(0.9, 0.95))
-    warmup = max(1, steps // 10)
-
-    def lr_at(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     log, t0 = [], time.time()
     names = dict(model.named_parameters())
-    for step in range(steps):
-        x, y, _ = tasks.generate("mqar", cfg, 32, seed=trainloop.TRAIN_SEED * (seed + 1) + step)
-        _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+
+    def on_backward(done, loss):  # explore's own loop (trainloop.train) calls this before it clips the gradients
+        step = done - 1
         if step % args.every == 0 or step == steps - 1:
             entry = {"step": step, "loss": float(loss.detach()), "grad": {}, "weight": {}, "blocks": []}
             for g in GROUPS:
@@ -153,9 +132,9 @@ def probe(args) -> dict:
                                   "eta_saturated": [b.get("eta_saturated") for b in entry["blocks"]],
                                   "out_gate": [b.get("out_gate") for b in entry["blocks"]]}),
                       flush=True)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+
+    trainloop.train(model, tasks, "mqar", cfg, steps=steps, batch_size=32, lr=lr, weight_decay=0.1, seed=seed,
+                    log_every=args.every, on_backward=on_backward)
     acc, exact = trainloop.evaluate(model, tasks, "mqar", cfg, [64, 128, 256], 64, 32)
     return {"spec": args.spec, "seed": seed, "lr": lr, "layer": layer_opts, "steps": steps,
             "seconds": round(time.time() - t0, 1), "accuracy": acc, "log": log}

@@ -217,10 +217,13 @@ def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, s
                     tokenizer_files: dict | None = None):
     """tokenizer_files: the tokenizer's files ({name: bytes}, None for bytes), so that an export of the
     checkpoint carries the tokenizer it was trained with."""
+    import mirasc
+
     model_sd, optim_sd = _full_state(model, optimizer, env, cfg)
     if env.main:
         ckpt = {"model": model_sd, "optimizer": optim_sd, "step": step, "config": asdict(cfg), "spec": spec,
-                "layer": layer_options(spec, cfg), "world_size": env.world, "tokenizer": tokenizer_files,
+                "layer": layer_options(mirasc.parse_text(spec), cfg), "world_size": env.world,
+                "tokenizer": tokenizer_files,
                 "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,12 +272,11 @@ def _run_tokenizer(cfg: TrainConfig, ckpt: dict | None):
 MODEL_FIELDS = ("vocab_size", "d_model", "n_layers", "n_heads", "mlp_hidden", "hybrid_every", "window", "layer_options")
 
 
-def layer_options(text: str, cfg: TrainConfig) -> dict:
-    """The options the Layers are built with: the spec's defaults (its `layer` block over this version's family
-    defaults) under --layer-options. A checkpoint keeps them, so that a change of a default is seen on resume."""
-    import mirasc
-
-    return {**mirasc.parse_text(text).layer_defaults(), **cfg.layer_options}
+def layer_options(spec, cfg: TrainConfig) -> dict:
+    """The options the Layers are built with: the parsed spec's defaults (its `layer` block over this version's
+    family defaults) under --layer-options. A checkpoint keeps them, so that a change of a default is seen on
+    resume."""
+    return {**spec.layer_defaults(), **cfg.layer_options}
 
 
 def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
@@ -301,7 +303,7 @@ def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
             diffs.append(f"{name} {json.dumps(a)} in the checkpoint, {json.dumps(b)} here")
     if built is not None and not diffs:
         # the same design and sizes: a default that changed since (or other --layer-options) builds another model
-        here = layer_options(text, cfg)
+        here = layer_options(mine, cfg)
         changed = {k: v for k, v in built.items() if k in here and here[k] != v}
         if changed:
             diffs += [f"Layer option {k} = {json.dumps(v)} in the checkpoint's model, {json.dumps(here[k])} here"

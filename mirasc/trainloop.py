@@ -43,10 +43,11 @@ def param_groups(model, weight_decay: float, decayed=None) -> list[dict]:
 
 
 def train(model, tasks, task: str, cfg, *, steps: int, batch_size: int, lr: float, weight_decay: float, seed: int,
-          log_every: int, on_step=None, device=None):
+          log_every: int, on_step=None, on_backward=None, device=None):
     """AdamW (betas 0.9, 0.95; `param_groups`: weight decay on matrices only), linear warm-up over a tenth of the
     steps then cosine to 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step. Returns (loss curve
-    [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after every step."""
+    [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after every step,
+    `on_backward(step, loss)` between the backward pass and the clipping (the gradients as computed)."""
     groups = param_groups(model, weight_decay)
     opt = torch.optim.AdamW([{**g, "lr": lr * g["lr_scale"]} for g in groups], lr=lr, betas=(0.9, 0.95))
     warmup = max(1, steps // 10)
@@ -69,6 +70,8 @@ def train(model, tasks, task: str, cfg, *, steps: int, batch_size: int, lr: floa
             break
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if on_backward is not None:
+            on_backward(step + 1, loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
