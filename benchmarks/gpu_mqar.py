@@ -1,4 +1,4 @@
-"""MQAR rows on a lent GPU (issue 12): `mirasc explore`'s training and evaluation for emitted modules, torch only.
+"""MQAR rows on a lent GPU: `mirasc explore`'s training and evaluation for emitted modules, torch only.
 
     python benchmarks/gpu_mqar.py --emit benchmarks/emitted_mqar --spec atlas        # here (needs the compiler)
     python benchmarks/gpu_mqar.py --spec atlas --lr 1e-2 3e-3 --seeds 0 1 \\
@@ -23,7 +23,8 @@ relative rounding: say so next to a row made with it). After every run the table
 OUT.partial (OUT: the --out file), so a call cut off by the device's time limit keeps the finished rows; at the
 end the table is appended to OUT and the .partial file removed.
 
-GPU plan for Atlas (specs/atlas.miras at the RESULTS setting; benchmarks/RESULTS.md "sixth session" and "GPU"):
+GPU plan for Atlas (specs/atlas.miras at the RESULTS setting; benchmarks/RESULTS.md: "Atlas at the RESULTS
+setting: out of reach on this CPU", 2026-12-04, and "GPU"):
   1. here: `python benchmarks/gpu_mqar.py --emit benchmarks/emitted_mqar --spec atlas` (40 KB; ignored by git).
   2. probe, run(carry=["benchmarks/emitted_mqar"], timeout_s=150):
      `python benchmarks/gpu_mqar.py --spec atlas --steps 20 --eval-examples 32 --out $OUT/probe.md`

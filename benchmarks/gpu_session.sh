@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The prepared device calls of a session lent a GPU (15 minutes of device time, all calls together; a call ends
+# The prepared device calls for a lent GPU (15 minutes of device time, all calls together; a call ends
 # within 600 s). Two modes, each one call:
 #   bash benchmarks/gpu_session.sh check   # gpu_check.py (every emitted Triton path vs the float64 torch recurrence)
 #                                          # then gpu_suite.py (speed against flash-linear-attention and SDPA): ~390 s
-#   bash benchmarks/gpu_session.sh atlas   # Atlas' MQAR row (gpu_mqar.py, issue 12) alone on the GPU: ~430 s
+#   bash benchmarks/gpu_session.sh atlas   # Atlas' MQAR row (gpu_mqar.py) alone on the GPU: ~430 s
 # Run `check` first, then `atlas` at once (the machine stays warm 30 s after a call). On 2026-12-04 one call ran
 # all three at once and Atlas, sharing the GPU with gpu_check's 14 processes, ran at 1.1-1.9 s/step instead of its
 # 0.37 s/step alone and was cut at step 950 of 1000 (benchmarks/RESULTS.md "GPU"): hence the two calls.

@@ -1,4 +1,4 @@
-"""GPU benchmark suite (issue 3): one command, meant to finish in well under 8 minutes on one H200.
+"""GPU benchmark suite: one command, meant to finish in well under 8 minutes on one H200.
 
     python benchmarks/gpu_suite.py --out benchmarks/gpu_results.md      # on the GPU machine
     TRITON_INTERPRET=1 python benchmarks/gpu_suite.py --smoke            # CPU: checks the harness only
@@ -139,7 +139,7 @@ def timed(label, fwd, rows, device, tokens, peer=None, flops=None, nbytes=None):
         p_f = bench(peer, device) if peer else None
         p_fb = bench(fb(peer), device) if peer else None
         rows.append((label, t_f, t_fb, p_f, p_fb, tokens, flops, nbytes))
-    except Exception as err:  # keep going: one broken case must not cost the whole GPU session
+    except Exception as err:  # keep going: one broken case must not cost the whole GPU run
         rows.append((label + f" FAILED: {type(err).__name__}: {str(err)[:120]}", None, None, None, None, tokens,
                      None, None))
         traceback.print_exc()

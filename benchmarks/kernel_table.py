@@ -1,4 +1,4 @@
-"""The GPU-fit table of every bundled spec (issue 10): `mirasc kernels` over specs x head sizes x targets.
+"""The GPU-fit table of every bundled spec: `mirasc kernels` over specs x head sizes x targets.
 
     python benchmarks/kernel_table.py --out benchmarks/kernel_table.md [--d 64 128] [--target sm_90 sm_80]
         [--dtype bfloat16] [--extremes] [--specs gated_deltanet titans ...]

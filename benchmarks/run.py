@@ -1,7 +1,7 @@
-"""CPU benchmarks for the core (issue 2): one command, one table of ratios against peers measured in
+"""CPU benchmarks for the core: one command, one table of ratios against peers measured in
 the same run.
 
-    python benchmarks/run.py            # full sizes of the issue (a few minutes on 2 cores)
+    python benchmarks/run.py            # full sizes (a few minutes on 2 cores)
     python benchmarks/run.py --quick    # smaller sizes, for a smoke run
 
 1. emitted `chunked` vs `recurrent`, per spec (forward, float32);

@@ -1,4 +1,4 @@
-"""Error table of the generated Triton kernels (issue 3), run under the interpreter on the CPU:
+"""Error table of the generated Triton kernels, run under the interpreter on the CPU:
 
     python benchmarks/triton_errors.py            # ~5 min on 2 cores; prints a markdown table
 

@@ -1,4 +1,5 @@
-"""MQAR accuracy table at equal model size for the bundled Miras designs (issue 5 evidence).
+"""MQAR accuracy table at equal model size for the bundled Miras designs (the rows: benchmarks/RESULTS.md,
+"MQAR (associative recall) accuracy").
 
     python examples/mqar_table.py                                  # the full table (see the time estimate below)
     python examples/mqar_table.py --only deltanet transformer --steps 20 --seeds 0 --out /tmp/mqar_tiny
@@ -6,7 +7,7 @@
 Runs `mirasc explore --task mqar` on the spec files below (resumable: rerunning with the same options
 reuses the finished cells in --out) and writes `OUT/mqar_table.md`, a Markdown table in this order.
 
-What is held equal across rows ("equal state size" in the sense of the issue):
+What is held equal across rows:
 - the model: d_model, number of blocks, number of heads and head_dim = d_model / heads, so every memory
   reads and writes the same q, k, v ∈ R^head_dim per head; the Layer around the memory op (projections,
   short causal conv 4, ℓ2-normalised q/k, low-rank gates, per-head RMS norm, output gate — the defaults

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_mqar.py (issue 12): the GPU MQAR runner trains and evaluates exactly as `mirasc explore`, from an
+"""benchmarks/gpu_mqar.py: the GPU MQAR runner trains and evaluates exactly as `mirasc explore`, from an
 emitted folder, with the `mirasc` package (and the compiler's dependencies) blocked."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Into the Hugging Face tools (issue 13, items 2-4): local corpora (JSONL, Parquet, datasets folders) and a
+"""Into the Hugging Face tools: local corpora (JSONL, Parquet, datasets folders) and a
 local tokenizer in `mirasc train`, the tokenizer carried by the export, lm-eval on the exported model with
 the repository's local tasks (`mirasc eval`), and the transformers Trainer on it under torchrun (2 gloo
 processes). Everything is offline: the tokenizer is trained here with `tokenizers`, the corpora are written

@@ -1,4 +1,4 @@
-"""Generated Triton kernels fit a real GPU (issue 10): compiled ahead of time for sm_90 on the CPU (no GPU
+"""Generated Triton kernels fit a real GPU: compiled ahead of time for sm_90 on the CPU (no GPU
 needed) through `mirasc kernels`' machinery, in a subprocess because the rest of the suite imports triton
 under the interpreter. A representative set at the head size models train with (D = 128): the chunked
 linear-memory kernels at the first (safest) and last (nearest the limits) configuration the resource
@@ -11,7 +11,7 @@ without spills (Sparse-Lp's spills on sm_80 in fp32 once the launch's alignment 
 memory too large for one program is refused with its reason. Every kernel is compiled with the specialization a
 GPU's JIT gives its launch (tt.divisibility 16, integers equal to 1 as constants): the tests at the end check it
 against Triton's own. The full table over every bundled spec is `benchmarks/kernel_table.py`
-(benchmarks/RESULTS.md). Titans' streamed mini-batch kernels
+(benchmarks/RESULTS.md, "Kernels compiled ahead of time"). Titans' streamed mini-batch kernels
 (MLP memory, D = 128, E = 512) fit and their forward does not spill."""
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ CASES = [
     ("transformer", "sm_80", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv", "_flash_bwd_dq"}),
     ("transformer", "sm_80", 128, "float32", None, {"_flash_fwd", "_flash_bwd_dq"}),
     # the same flash kernels with the Forgetting Transformer's decay bias and forget-gate gradient (the safest dq
-    # configuration spills 8 B with the decay on sm_90, a spill-free dq is inside the space: benchmarks/RESULTS.md)
+    # configuration spills 8 B with the decay on sm_90, a spill-free dq is inside the space: benchmarks/RESULTS.md,
+    # "Every bundled spec on sm_90 and sm_80")
     ("forgetting_transformer", "sm_90", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv"}),
     # stick-breaking's own flash kernels (fixed tiles per dtype, head size and GPU): none spills in 16 bits, at
     # D = 128 on sm_90 (key tiles of 64 in the backward) and at D = 256 on sm_80 (dk/dv at 16 x 32)

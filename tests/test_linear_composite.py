@@ -1,4 +1,4 @@
-"""Composite linear memories (issue 12 item 6): per-head constant coefficients, feature maps and the normaliser.
+"""Composite linear memories: per-head constant coefficients, feature maps and the normaliser.
 
 Per-head constants (docs/language.md, "Per-head constants"): a coefficient written as an expression in the head
 index h and the head count H, e.g. RetNet's γ_h = 1 − 2^(−5−h). Checked here: parsing, the canonical round trip,

@@ -1,4 +1,4 @@
-"""Issue 4 variants of the nonparametric memory against references written out here, query by query,
+"""Variants of the nonparametric memory against references written out here, query by query,
 in float64: additive (Bahdanau) and polynomial kernels, cross-attention, MemN2N hops with both tyings
 and temporal encoding, Multi-Token Attention (key-query convolution, head mixing, head norm).
 Also: recurrent == chunked (small query blocks), state carried across calls, Layer step == forward."""

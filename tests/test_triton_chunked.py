@@ -1,4 +1,4 @@
-"""The chunked Triton kernels for linear memories (issue 3, part 2), run by the interpreter on the CPU:
+"""The chunked Triton kernels for linear memories, run by the interpreter on the CPU:
 backend="triton", algorithm="chunked" vs the torch recurrence (the reference path) — outputs, final
 state and the gradients of q, k, v, every gate and the initial state, which exercise the generated
 reverse sweep (dq, dk, dWk, dU, dg, dW_0) and the torch preparation it feeds. Shapes cover T not a
@@ -111,7 +111,7 @@ def test_chunk_sizes_are_schedule_only():
 
 
 def test_which_specs_have_chunked_kernels():
-    """The covered set is what the issue asks for; every other parametric spec says why it has none."""
+    """The covered set is exactly the spec lists above; every other parametric spec says why it has none."""
     have = sorted(p.stem for p in SPEC_DIR.glob("*.miras")
                   if hasattr(mirasc.compile_spec(p), "_chunked_triton"))
     assert have == sorted(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS

@@ -1,4 +1,4 @@
-"""The mini-batch (dual-form) Triton kernels (issue 3, part 3), run by the interpreter on the CPU:
+"""The mini-batch (dual-form) Triton kernels, run by the interpreter on the CPU:
 backend="triton" with the chunked algorithm vs the torch recurrence in float64 (an independent path: one
 token at a time, gradients at the anchor by autograd) — outputs, final state and the gradients of q, k,
 v, every gate and every initial-state tensor. The forward prints `memory_grad` and `memory_forward` on

@@ -1,5 +1,5 @@
 """Channel-wise learning rates (and Huber thresholds) on the mini-batch Triton kernels (docs/semantics.md:
-channel-wise gates, issue 11).
+channel-wise gates).
 
 `lr=gate(v)` weights the loss per output channel, ℓ_t = Σᵢ η_{t,i} ℓ(eᵢ): in the IR the coefficient `eta_ch` is
 an input of the gradient graph `memory_grad` that scales dℓ/dy (`lr=gate(k)` on a linear memory scales the

@@ -212,7 +212,7 @@ def _check_vs_float64(mod, dims, T=40):
         assert rel(a, b) < max(2e-5, 2 * fp32_worst), n
 
 
-# V tiles (issue 10): where every value row of a linear memory updates on its own, the recurrent kernels
+# V tiles: where every value row of a linear memory updates on its own, the recurrent kernels
 # run on a grid (cdiv(Dv, BV), B·H) and each program owns BV rows of the state; dq, dk and the gates'
 # gradients are per-tile partial sums. The interpreter uses BV = 4 (16 with batched factors, for tl.dot).
 # (comba, rwkv7: the generalized delta transition W(diag(w) − a bᵀ) + v kᵀ acts on each row of W on its own)
