@@ -1,5 +1,5 @@
 """Triton backend: the entry point for a parametric memory's Triton section, and a map of the modules that
-print it (one per kernel family; see README "How to add a kernel family").
+print it (one per kernel family; see docs/kernels.md, "How to add a kernel family").
 
   triton_printing.py       helpers every family shares: dimension names, scratch pointers, the kernel header,
                            `graph_lines` (an IR graph as straight-line Triton code, one token or a block)
