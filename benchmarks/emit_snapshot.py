@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRITON_INTERPRET", "1")  # as the tests run; the emitted text does not depend on it
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mirasc import cli, compiler, frontend  # noqa: E402
+from mirasc import compiler  # noqa: E402
+from mirasc.codegen import standalone  # noqa: E402
+from mirasc.language import frontend  # noqa: E402
 
 
 def _variants(text: str) -> list[str]:
@@ -102,7 +104,7 @@ def main(out_dir: str) -> int:
         except Exception as err:
             (out / f"{name}.err").write_text(f"{type(err).__name__}: {err}\n{text}", encoding="utf-8")
             bad += 1
-    (out / "_model_source.py").write_text(cli._model_source(), encoding="utf-8")
+    (out / "_model_source.py").write_text(standalone.model_source(), encoding="utf-8")
     print(f"{out}: {ok} emitted modules, {bad} rejected specs")
     return 0
 

@@ -6,16 +6,16 @@
 
 The GPU image has torch and triton but not lark/sympy/pydantic, and nothing from this package is installed there.
 So `--emit DIR` compiles the specs here into standalone files (as benchmarks/gpu_suite.py does; DIR is ignored by
-git: carry it), and the run imports only torch, the emitted files (which import triton), and mirasc/tasks.py,
-mirasc/models.py and mirasc/trainloop.py loaded by file path — never the `mirasc` package (tests/test_gpu_mqar.py
-runs it with mirasc, lark, sympy, pydantic and networkx blocked). torch.optim imports torch._dynamo, which imports
-sympy: where sympy is missing, an eager stand-in for torch._dynamo is installed (see
+git: carry it), and the run imports only torch, the emitted files (which import triton), and mirasc/lab/tasks.py,
+mirasc/runtime/lm.py and mirasc/lab/trainloop.py loaded by file path — never the `mirasc` package
+(tests/test_gpu_mqar.py runs it with mirasc, lark, sympy, pydantic and networkx blocked). torch.optim imports
+torch._dynamo, which imports sympy: where sympy is missing, an eager stand-in for torch._dynamo is installed (see
 eager_optimizers_without_sympy; nothing is compiled, so the numbers do not change).
 
 Same run as `mirasc explore --task mqar --spec FILE --seq-len 64 --task-opt num_kv_pairs=8 --eval-lengths 64 128
 256 --eval-examples 64 --steps 1000 --lr LR --seeds S`: d_model 64, 2 blocks, 2 heads, batch 32, AdamW (weight
 decay 0.1) with warm-up and cosine, the same training batches, initialisation and evaluation set per seed (the
-loop and the evaluation are mirasc/trainloop.py, which explore calls too). On the CPU with the same thread count
+loop and the evaluation are mirasc/lab/trainloop.py, which explore calls too). On the CPU with the same thread count
 the losses and accuracies equal explore's bit for bit (the test checks it). On CUDA the model runs in float32 as
 on the CPU, but the kernels differ (cuBLAS, the emitted Triton paths where `backend="auto"` picks them), so a GPU
 row is the same experiment up to float rounding, not the same bits; `--tf32` allows TF32 matmuls (faster, ~1e-3
@@ -100,20 +100,22 @@ def load_file(name: str, path: Path):
 
 
 def helpers(src: Path):
-    """mirasc/tasks.py, models.py and trainloop.py by file path: torch and the standard library only."""
-    return (load_file("_gpu_mqar_tasks", src / "tasks.py"), load_file("_gpu_mqar_models", src / "models.py"),
-            load_file("_gpu_mqar_trainloop", src / "trainloop.py"))
+    """`src` (the mirasc folder)'s lab/tasks.py, runtime/lm.py and lab/trainloop.py by file path: torch and the
+    standard library only."""
+    return (load_file("_gpu_mqar_tasks", src / "lab" / "tasks.py"),
+            load_file("_gpu_mqar_lm", src / "runtime" / "lm.py"),
+            load_file("_gpu_mqar_trainloop", src / "lab" / "trainloop.py"))
 
 
 def run_one(module, label: str, lr: float, seed: int, opts: dict, device: str, src: Path = ROOT / "mirasc") -> dict:
     """One (spec, lr, seed) run, as explore's train_cell: seed, build on the CPU, move, train, evaluate."""
-    tasks, models, loop = helpers(src)
+    tasks, lm, loop = helpers(src)
     cfg = tasks.make_config("mqar", seq_len=opts["seq_len"], num_kv_pairs=opts["num_kv_pairs"])
     lengths = sorted(set(opts["eval_lengths"]))
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(torch.device(device))
     torch.manual_seed(seed)
-    model = loop.make_model(module, models, tasks.VOCAB, opts["d_model"], opts["layers"], opts["heads"],
+    model = loop.make_model(module, lm, tasks.VOCAB, opts["d_model"], opts["layers"], opts["heads"],
                             opts.get("layer", {})).to(device)
     steps = opts["steps"]
     t0 = time.time()
@@ -212,8 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", nargs="+", default=["atlas"], help="spec names (specs/NAME.miras) or .miras paths")
     ap.add_argument("--emit", type=Path, metavar="DIR", help="compile the specs into DIR and exit (needs mirasc)")
     ap.add_argument("--emitted", type=Path, default=EMIT_DIR, help=f"the emitted modules (default {EMIT_DIR})")
-    ap.add_argument("--src", type=Path, default=ROOT / "mirasc", help="folder holding tasks.py, models.py, "
-                    "trainloop.py (loaded by path)")
+    ap.add_argument("--src", type=Path, default=ROOT / "mirasc", help="the mirasc folder: lab/tasks.py, runtime/lm.py "
+                    "and lab/trainloop.py are loaded by path")
     ap.add_argument("--steps", type=int, default=SETTING["steps"])
     ap.add_argument("--lr", type=float, nargs="+", default=[1e-2])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -4,7 +4,7 @@
         [--dtype bfloat16] [--extremes] [--specs gated_deltanet titans ...]
 
 No GPU needed: every kernel each module launches with backend="triton" (every algorithm it has, forward
-and backward) is compiled ahead of time for the target (see mirasc/kernel_report.py). One row per
+and backward) is compiled ahead of time for the target (see mirasc/lab/kernel_report.py). One row per
 (spec, D, target): how many kernels, whether each has a configuration the resource model keeps that
 fits, whether any kept one does not fit, the largest shared memory and spill among the best kept
 configurations, whether every forward kernel has a kept configuration without spills, and the slowest
@@ -46,7 +46,7 @@ def main(argv=None):
                     help="trace only these algorithms (default: every algorithm each spec has)")
     a = ap.parse_args(argv)
     os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="mirasc-kernel-table-"))
-    from mirasc import kernel_report as kr
+    from mirasc.lab import kernel_report as kr
 
     specs = a.specs or sorted(p.stem for p in (ROOT / "specs").glob("*.miras"))
     lines = ["| spec | algorithm | D | target | kernels | every kernel fits | kept but too big | max smem KB (best) | "

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import mirasc  # noqa: E402
-from mirasc import explore, models, tasks, trainloop  # noqa: E402
+from mirasc.lab import explore, tasks, trainloop  # noqa: E402
+from mirasc.runtime import lm  # noqa: E402
 
 GROUPS = ("qkv_proj", "gate_proj", "initial", "out_gate", "o_proj", "conv_weight", "norm_weight", "embed", "mlp",
           "other")
@@ -90,7 +91,7 @@ def probe(args) -> dict:
     layer_opts = explore._pairs(args.layer)  # as `mirasc explore --layer` reads them
     cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
-    model = trainloop.make_model(module, models, tasks.VOCAB, 64, 2, 2, layer_opts)
+    model = trainloop.make_model(module, lm, tasks.VOCAB, 64, 2, 2, layer_opts)
     rec = Recorder(model)
     steps, lr, seed = args.steps, args.lr, args.seed
     log, t0 = [], time.time()

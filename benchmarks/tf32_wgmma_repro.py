@@ -88,7 +88,7 @@ def compile_facts(mode, bt=64, n=64, bv=16):
     from triton.compiler import ASTSource
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from mirasc.kernel_report import _cubin_resources, _sass_mma_kinds
+    from mirasc.lab.kernel_report import _cubin_resources, _sass_mma_kinds
 
     sig = {"K": "*fp32", "WK": "*fp32", "U": "*fp32", "UU": "*fp32", "W": "*fp32", "T": "i32", "N": "i32",
            "BT": "constexpr", "BK": "constexpr", "BV": "constexpr", "MODE": "constexpr"}

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
-    from mirasc import explore
+    from mirasc.lab import explore
 
     lengths = a.eval_lengths or [a.seq_len, 2 * a.seq_len, 4 * a.seq_len]
     args = ["--task", "mqar", "--spec", *[str(ROOT / "specs" / f"{s}.miras") for s in a.only],

@@ -4,8 +4,8 @@ source files), report validation bits per byte, reload the checkpoint and sample
     python examples/train_lm.py                                   # Gated DeltaNet, 200 steps, ~1 min on a CPU
     python examples/train_lm.py specs/titans.miras --steps 500 --d-model 256 --n-layers 4
 
-The same run from the command line: `python -m mirasc.train specs/gated_deltanet.miras --steps 200`
-(multi-process: `torchrun --nproc_per_node 2 -m mirasc.train ...`).
+The same run from the command line: `python -m mirasc.lab.train specs/gated_deltanet.miras --steps 200`
+(multi-process: `torchrun --nproc_per_node 2 -m mirasc.lab.train ...`).
 """
 
 import argparse
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from mirasc.data import load_corpus
-from mirasc.train import TrainConfig, load_model, train
+from mirasc.lab.data import load_corpus
+from mirasc.lab.train import TrainConfig, load_model, train
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -48,17 +48,20 @@ The manual is docs/ in the mirasc repository: language.md, semantics.md, module-
 
 
 def _load(path: str):
-    from . import compiler, frontend
+    from . import compiler
+    from .language import frontend
 
     text, p = frontend.read_spec(Path(path))
     return compiler.compile_text(text, p)
 
 
 def cmd_compile(args) -> int:
+    from .codegen.standalone import model_source
+
     compiled = _load(args.spec)
     out_dir = Path(args.output)
     target = out_dir / f"{Path(args.spec).stem}.py"
-    source = compiled.source + (_model_source() if args.model else "")
+    source = compiled.source + (model_source() if args.model else "")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         target.write_text(source, encoding="utf-8")
@@ -74,28 +77,11 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _model_source() -> str:
-    """mirasc.models' standalone part and a make_model() factory, appended to an emitted module."""
-    factory = (Path(__file__).parent / "codegen" / "templates" / "model_factory.py.tmpl").read_text(encoding="utf-8")
-    return standalone_lm_source() + factory
-
-
-def standalone_lm_source() -> str:
-    """mirasc.models' standalone part (LMConfig, RMSNorm, SwiGLU, Block, LanguageModel), to append to an
-    emitted module (its Layer is the mixer)."""
-    text = (Path(__file__).parent / "models.py").read_text(encoding="utf-8")
-    body = text.split("# ---- standalone: begin")[1].split("# ---- standalone: end")[0].split("\n", 1)[1]
-    rule = "# " + "-" * 94
-    return (f"\n\n{rule}\n# Language model (mirasc.models): RMSNorm, mixer = the Layer above, SwiGLU MLP, tied "
-            f"byte embeddings.\n{rule}\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n"
-            f"{body.rstrip()}\n")
-
-
 def cmd_check(args) -> int:
     """Parse and validate without generating code. A spec with an expression (custom loss, Bregman
     potential) is also derived, since only the symbolic derivation can reject it; the built-in forms
     always derive (tests/test_cli.py checks that), so their check loads lark and pydantic but not sympy."""
-    from . import frontend
+    from .language import frontend
 
     text, path = frontend.read_spec(Path(args.spec))
     s = frontend.parse_text(text, path)
@@ -248,7 +234,7 @@ def cmd_kernels(args) -> int:
         print("error: mirasc kernels compiles for a GPU; run it without TRITON_INTERPRET=1", file=sys.stderr)
         return 2
     os.environ.pop("TRITON_INTERPRET", None)
-    from . import kernel_report as kr
+    from .lab import kernel_report as kr
 
     status, every = 0, []
     for spec in args.spec:
@@ -296,7 +282,7 @@ def cmd_export(args) -> int:
     try:
         import transformers  # noqa: F401
 
-        from . import hf
+        from .lab import hf
     except ImportError as err:
         print(f"mirasc export: needs the hf extra (pip install 'mirasc[hf]'): {err}", file=sys.stderr)
         return 2
@@ -308,8 +294,8 @@ def cmd_export(args) -> int:
             return 2
         print(f"wrote {out} (Hugging Face model, weights of {args.from_checkpoint})")
         return 0
-    from .tokenizer import load_tokenizer
-    from .train_config import config_from
+    from .lab.tokenizer import load_tokenizer
+    from .lab.train_config import config_from
 
     try:
         if not -2 ** 63 <= args.seed < 2 ** 64:
@@ -335,26 +321,26 @@ tasks written from local data into --task-dir (lm-eval task YAML over JSONL file
 
   ppl    perplexity (word, byte, bits per byte) of held-out documents of --data
   cloze  the last word of held-out documents of --data (acc: greedy; perplexity)
-  mqar   multi-query associative recall (mirasc.tasks' generator, token i = chr(33 + i)); acc
-  niah   single needle in a haystack (mirasc.tasks' S-NIAH text); acc on the whole answer
+  mqar   multi-query associative recall (mirasc.lab.tasks' generator, token i = chr(33 + i)); acc
+  niah   single needle in a haystack (mirasc.lab.tasks' S-NIAH text); acc on the whole answer
 
 Writes lm-eval's results JSON (--output) and prints the equivalent `lm-eval run` command."""
 
 
 def _eval_arguments(p):
-    from .evaluation import add_arguments  # no torch or lm-eval import at parse time
+    from .lab.evaluation import add_arguments  # no torch or lm-eval import at parse time
 
     add_arguments(p)
 
 
 def cmd_eval(args) -> int:
-    from . import evaluation
+    from .lab import evaluation
 
     return evaluation.run(args)
 
 
 def cmd_train(args) -> int:
-    from . import train
+    from .lab import train
 
     return train.run(args)
 
@@ -378,8 +364,8 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
-    from . import explore, train_config  # argument definitions only: neither imports torch
-    from .train_config import add_threads_argument
+    from .lab import explore, train_config  # argument definitions only: neither imports torch
+    from .lab.train_config import add_threads_argument
 
     p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task, or search them in an "
                        "Optuna study (--help)")
@@ -456,11 +442,11 @@ def main(argv=None) -> int:
     # dependency of it), so the warning says nothing about a user's run
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-    from .frontend import SpecError
+    from .language.frontend import SpecError
 
     try:
         if "threads" in vars(args) and args.command in ("demo", "eval", "verify"):  # (train and explore: their own)
-            from .train_config import apply_threads
+            from .lab.train_config import apply_threads
 
             try:
                 apply_threads(args.threads)

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import derive as D
-from . import frontend, ir
-from . import spec as S
+from . import ir
 from .codegen import torch_backend
+from .language import frontend
+from .language import spec as S
 
 
 @dataclass

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from . import spec as S
-from .messages import brief, describe_value, plain_failure
-from .primitives import apow, relu, sigmoid, spow
+from .language import spec as S
+from .language.messages import brief, describe_value, plain_failure
+from .language.primitives import apow, relu, sigmoid, spow
 
 # Symbols shared by the derivation, the IR and the printers.
 e = sp.Symbol("e", real=True)          # residual M(k) - v, one coordinate
@@ -79,7 +79,7 @@ def derive(spec: S.Spec) -> Derivation:
 
 def _check_codegen(expr: sp.Expr, field: str, what: str, param: str | None = None) -> None:
     """Every derived expression must print as torch code (e.g. LambertW has no torch function)."""
-    from .codegen.printers import TorchPrinter
+    from .printers import TorchPrinter
 
     try:
         TorchPrinter().doprint(expr)

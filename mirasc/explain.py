@@ -6,8 +6,8 @@ import re
 
 import sympy as sp
 
-from . import spec as S
 from .derive import Derivation
+from .language import spec as S
 
 # The feature maps of a linear memory (docs/semantics.md, "Feature maps and the normaliser").
 FEATURE_TEXT = {"elu1": "elu(x) + 1  (elementwise; Dφ = Dk)",

@@ -22,8 +22,8 @@ import networkx as nx
 import sympy as sp
 
 from . import derive as D
-from . import primitives as P
-from . import spec as S
+from .language import primitives as P
+from .language import spec as S
 
 # op -> number of sources (None: variable)
 ARITY = {

@@ -52,7 +52,7 @@ def test_layer_schema_accepts_what_the_layer_block_accepts():
     """The emitted checker and the spec's LayerOptions agree at every bound and on every word."""
     from pydantic import ValidationError
 
-    from mirasc import layer_options, spec
+    from mirasc.language import layer_options, spec
 
     def block_accepts(key, value):
         try:

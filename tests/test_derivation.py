@@ -11,9 +11,9 @@ import torch
 
 from mirasc import compile_spec, ir
 from mirasc import derive as D
-from mirasc.codegen.printers import TorchPrinter, print_block
-from mirasc.frontend import parse_text
-from mirasc.primitives import apow, relu, sigmoid, spow, step
+from mirasc.language.frontend import parse_text
+from mirasc.language.primitives import apow, relu, sigmoid, spow, step
+from mirasc.printers import TorchPrinter, print_block
 
 POINTS = [-2.3, -1.0, -0.37, -1e-3, 0.0, 1e-3, 0.25, 0.8, 1.0, 3.1]
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mirasc import compile_text, hf
-from mirasc.cli import _model_source
+from mirasc import compile_text
+from mirasc.codegen.standalone import model_source
+from mirasc.lab import hf
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_PATHS = sorted((ROOT / "specs").glob("*.miras"))
@@ -48,7 +49,7 @@ def test_emitted_module_has_no_template_leftovers(path):
 def test_export_parts_have_no_template_leftovers():
     spec = (ROOT / "specs" / "gated_deltanet.miras").read_text(encoding="utf-8")
     assert problems(hf.modeling_source(spec, "gated_deltanet.miras", hybrid=True)) == []
-    assert problems(_model_source()) == []
+    assert problems(model_source()) == []
 
 
 @pytest.mark.parametrize("text", [

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from mirasc import explore
-from mirasc import tasks as T
+from mirasc.lab import cells, explore, leaderboard
+from mirasc.lab import tasks as T
 
 TINY = ["--steps", "4", "--batch-size", "4", "--d-model", "16", "--heads", "2", "--layers", "1",
         "--seq-len", "24", "--task-opt", "num_kv_pairs=4", "--eval-lengths", "24", "48", "--eval-examples", "8",
@@ -55,7 +55,7 @@ def test_explore_grid_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
     def no_training(*a, **k):
         raise AssertionError("a stored cell was recomputed")
 
-    monkeypatch.setattr(explore, "train_cell", no_training)
+    monkeypatch.setattr(cells, "train_cell", no_training)
     assert explore.main(GRID + TINY + ["--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "trained 0 cell(s), resumed 6, failed 0" in text
@@ -70,13 +70,13 @@ def test_explore_grid_end_to_end_and_resume(tmp_path, capsys, monkeypatch):
 def test_cell_key_covers_spec_task_seed_budget():
     cfg = T.MQARConfig()
     budget = {"steps": 10, "d_model": 16}
-    base = explore.cell_key("model a {}", "mqar", cfg, 0, budget)
-    assert base == explore.cell_key("model a {}", "mqar", cfg, 0, dict(budget))
-    assert len({base, explore.cell_key("model b {}", "mqar", cfg, 0, budget),
-                explore.cell_key("model a {}", "mqar", T.MQARConfig(seq_len=32), 0, budget),
-                explore.cell_key("model a {}", "noisy", cfg, 0, budget),
-                explore.cell_key("model a {}", "mqar", cfg, 1, budget),
-                explore.cell_key("model a {}", "mqar", cfg, 0, {**budget, "steps": 11})}) == 6
+    base = cells.cell_key("model a {}", "mqar", cfg, 0, budget)
+    assert base == cells.cell_key("model a {}", "mqar", cfg, 0, dict(budget))
+    assert len({base, cells.cell_key("model b {}", "mqar", cfg, 0, budget),
+                cells.cell_key("model a {}", "mqar", T.MQARConfig(seq_len=32), 0, budget),
+                cells.cell_key("model a {}", "noisy", cfg, 0, budget),
+                cells.cell_key("model a {}", "mqar", cfg, 1, budget),
+                cells.cell_key("model a {}", "mqar", cfg, 0, {**budget, "steps": 11})}) == 6
 
 
 def test_grid_file_flags_win_and_errors(tmp_path):
@@ -93,7 +93,7 @@ def test_grid_file_flags_win_and_errors(tmp_path):
     toml.write_text('memory = ["linear", "mlp"]\ntask = "niah"\n[task_opt]\nneedle = "word"\n')
     opts = explore.resolve(parser.parse_args(["--grid", str(toml)]))
     assert opts["task_config"].needle == "word" and opts["memory"] == ["linear", "mlp"]
-    cands = explore.candidates({**opts, "bias": ["l2", "lp(p=3)"], "learner": ["implicit"]})
+    cands = cells.candidates({**opts, "bias": ["l2", "lp(p=3)"], "learner": ["implicit"]})
     reasons = {c.label: c.reason for c in cands}
     assert reasons["linear | l2 | none | implicit | exact"] == ""
     assert "no closed-form proximal step for `bias = lp`" in reasons["linear | lp(p=3) | none | implicit | exact"]
@@ -114,14 +114,14 @@ class _Recaller(torch.nn.Module):
 
 def test_evaluate_scores_perfect_and_constant_models():
     cfg = T.MQARConfig(seq_len=32, num_kv_pairs=4)
-    acc, exact = explore.evaluate(_Recaller(), "mqar", cfg, [32, 64], 8, 4)
+    acc, exact = cells.evaluate(_Recaller(), "mqar", cfg, [32, 64], 8, 4)
     assert acc == {32: 1.0, 64: 1.0} and exact == {32: 1.0, 64: 1.0}
 
     class Constant(torch.nn.Module):
         def forward(self, x):
             return torch.zeros(*x.shape, 256)
 
-    acc, exact = explore.evaluate(Constant(), "mqar", cfg, [32], 8, 4)
+    acc, exact = cells.evaluate(Constant(), "mqar", cfg, [32], 8, 4)
     assert acc == {32: 0.0} and exact == {32: 0.0}
 
 
@@ -152,16 +152,16 @@ def test_beating_chance_needs_two_standard_errors():
                 "accuracy": {"24": acc}, "exact_match": {"24": 0.0}, "scored": {"24": 100}, "final_loss": 1.0,
                 "params": 1, "state_floats": 1, "seconds": 1.0, "status": "ok"}
 
-    rows = explore.leaderboard([cell(1.0), cell(0.05), cell(0.2)], [24], {24: 0.05})
+    rows = leaderboard.leaderboard([cell(1.0), cell(0.05), cell(0.2)], [24], {24: 0.05})
     assert {r["label"]: r["beats_chance"] for r in rows} == {"1.0": True, "0.05": False, "0.2": True}
     # 0.09 over 100 tokens is within 2 standard errors (0.044) of 0.05; over 10 000 it is far above
-    assert not explore.above_chance(0.09, 0.05, 100) and explore.above_chance(0.09, 0.05, 10_000)
+    assert not leaderboard.above_chance(0.09, 0.05, 100) and leaderboard.above_chance(0.09, 0.05, 10_000)
 
 
 def ctrl_c_on_second_cell(monkeypatch):
-    """Make the second call of explore.train_cell raise KeyboardInterrupt (a user's Ctrl-C mid-run); the first
+    """Make the second call of cells.train_cell raise KeyboardInterrupt (a user's Ctrl-C mid-run); the first
     trains for real. Returns the list of calls made."""
-    real, calls = explore.train_cell, []
+    real, calls = cells.train_cell, []
 
     def train_cell(*args, **kwargs):
         calls.append(1)
@@ -169,7 +169,7 @@ def ctrl_c_on_second_cell(monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(explore, "train_cell", train_cell)
+    monkeypatch.setattr(cells, "train_cell", train_cell)
     return calls
 
 
@@ -191,8 +191,8 @@ def test_time_estimate_and_note_on_a_costly_exact_cell(tmp_path, capsys, monkeyp
     def fake_step(cand, opts):
         return 2.0 if "parallel  = exact" in cand.canonical else 0.1
 
-    monkeypatch.setattr(explore, "time_step", fake_step)
-    monkeypatch.setattr(explore, "train_cell", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no training")))
+    monkeypatch.setattr(cells, "time_step", fake_step)
+    monkeypatch.setattr(cells, "train_cell", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no training")))
     argv = ["--memory", "mlp", "linear", "--learner", "gd", "implicit"] + ONE + ["--out", str(tmp_path / "run")]
     assert explore.main(argv) == 1
     text = capsys.readouterr().out

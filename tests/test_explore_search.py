@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_explore import ctrl_c_on_second_cell
 
-from mirasc import explore, search
+from mirasc.lab import cells, explore, leaderboard, search
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE = ["--steps", "4", "--batch-size", "4", "--d-model", "16", "--heads", "2", "--layers", "1", "--seq-len", "24",
@@ -47,7 +47,7 @@ def test_grid_sampler_gives_the_grid_cells(tmp_path, capsys, monkeypatch):
     def no_training(*a, **k):
         raise AssertionError("a cell the grid trained was trained again")
 
-    monkeypatch.setattr(explore, "train_cell", no_training)
+    monkeypatch.setattr(cells, "train_cell", no_training)
     url = f"sqlite:///{tmp_path / 'study.db'}"
     argv = GRID + ONE + ["--seeds", "0", "1", "--out", str(out), "--sampler", "grid", "--study", url]
     assert explore.main(argv) == 0
@@ -90,7 +90,7 @@ def test_pruner_stops_a_losing_trial_on_its_accuracy_curve(tmp_path, capsys, mon
             scored.update({L: 100 for L in lengths})
         return {L: acc for L in lengths}, {L: acc for L in lengths}
 
-    monkeypatch.setattr(explore, "evaluate", evaluate)
+    monkeypatch.setattr(cells, "evaluate", evaluate)
     out = tmp_path / "run"
     url = f"sqlite:///{tmp_path / 'study.db'}"
     argv = ["--memory", "linear", "--learner", "gd", "momentum", "--bias", "l2", "dot"] + ONE + [
@@ -116,7 +116,7 @@ def test_interrupted_study_resumes_with_the_interrupted_trial(tmp_path, capsys, 
     out = tmp_path / "run"
     url = f"sqlite:///{tmp_path / 'study.db'}"
     argv = GRID + ONE + ["--out", str(out), "--sampler", "grid", "--study", url]
-    real = explore.train_cell
+    real = cells.train_cell
     ctrl_c_on_second_cell(monkeypatch)
     assert explore.main(argv) == 130
     assert "run the same command to go on" in capsys.readouterr().err
@@ -127,7 +127,7 @@ def test_interrupted_study_resumes_with_the_interrupted_trial(tmp_path, capsys, 
     assert waiting[0].params == failed[0].params
     assert waiting[0].system_attrs["grid_id"] == failed[0].system_attrs["grid_id"]
     assert len(_rows(out)) == 1                         # the leaderboard of what finished
-    monkeypatch.setattr(explore, "train_cell", real)
+    monkeypatch.setattr(cells, "train_cell", real)
     assert explore.main(argv) == 0
     text = capsys.readouterr().out
     assert "this run: 2 complete" in text
@@ -241,26 +241,26 @@ def test_a_crashed_worker_loses_only_its_running_trial(tmp_path):
 
 def test_state_budget_picks_the_largest_head_dim_that_fits():
     import mirasc
-    from mirasc import tasks
+    from mirasc.lab import tasks
 
     opts = {"heads": 2, "d_model": 16, "layer": {}, "state_budget": 4096,
             "task_config": tasks.make_config("mqar", seq_len=24, num_kv_pairs=4)}
     sizes = {}
     for path in ("deltanet", "titans", "transformer", "sliding_window"):
         text = (ROOT / "specs" / f"{path}.miras").read_text()
-        cand = explore.Candidate(path, text, {}, mirasc.parse_text(text).canonical(), "", mirasc.compile_spec(text))
+        cand = cells.Candidate(path, text, {}, mirasc.parse_text(text).canonical(), "", mirasc.compile_spec(text))
         spec = mirasc.parse_text(text)
-        d = explore.fit_head_dim(cand, opts)
-        size = explore.state_bytes(cand.module, spec, 2, d, 24)
-        assert 0 < size <= 4096 < explore.state_bytes(cand.module, spec, 2, d + 1, 24), path
+        d = cells.fit_head_dim(cand, opts)
+        size = cells.state_bytes(cand.module, spec, 2, d, 24)
+        assert 0 < size <= 4096 < cells.state_bytes(cand.module, spec, 2, d + 1, 24), path
         sizes[path] = (d, size)
-        assert explore.cell_opts(cand, opts)["layer"]["head_dim"] == d
+        assert cells.cell_opts(cand, opts)["layer"]["head_dim"] == d
     assert sizes["deltanet"] == (22, 2 * 22 * 22 * 4)            # W: H·D·D float32
     assert sizes["transformer"] == (10, 24 * 2 * 2 * 10 * 4)     # the K, V cache at the training length
     assert sizes["sliding_window"] == sizes["transformer"]        # its window (64) is longer than 24 tokens
     assert sizes["titans"] == (5, 2 * 4 * 4 * 5 * 5 * 4)         # W1, W2 (D·4D each) and their momenta
-    with pytest.raises(explore.UsageError, match="exceeds the state budget"):
-        explore.cell_opts(cand, {**opts, "state_budget": 8})
+    with pytest.raises(cells.UsageError, match="exceeds the state budget"):
+        cells.cell_opts(cand, {**opts, "state_budget": 8})
 
 
 def test_state_budget_in_a_grid_run(tmp_path, capsys):
@@ -280,18 +280,18 @@ def test_leaderboard_standard_error_and_pareto_front():
                 "params": 1, "state_floats": state // 4, "state_bytes": state, "seconds": 1.0, "status": "ok",
                 "seconds_per_step": 0.1}
 
-    rows = explore.leaderboard([cell("a", 0, 0.5, 100), cell("a", 1, 0.7, 100), cell("b", 0, 0.9, 400),
+    rows = leaderboard.leaderboard([cell("a", 0, 0.5, 100), cell("a", 1, 0.7, 100), cell("b", 0, 0.9, 400),
                                 cell("c", 0, 0.4, 400), cell("d", 0, 0.3, 50)], [24])
     by = {r["label"]: r for r in rows}
     assert by["a"]["acc_mean"] == pytest.approx(0.6) and by["a"]["acc_se"] == pytest.approx(0.1)
     assert {r["label"] for r in rows if r["pareto"]} == {"a", "b", "d"}       # c: b beats it at the same size
-    assert explore.pareto_front(rows) == {by[k]["rank"] for k in "abd"}
-    table = explore.format_table(rows, [24])
+    assert leaderboard.pareto_front(rows) == {by[k]["rank"] for k in "abd"}
+    table = leaderboard.format_table(rows, [24])
     assert "400*" in table and "100*" in table and "50*" in table
 
 
 def test_study_needs_optuna_message(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)
-    with pytest.raises(explore.UsageError, match=r"pip install 'mirasc\[search\]'"):
+    with pytest.raises(cells.UsageError, match=r"pip install 'mirasc\[search\]'"):
         search._optuna()
     assert torch.get_num_threads() >= 1

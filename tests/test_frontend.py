@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mirasc import SpecError, compile_text, parse_file, parse_text
-from mirasc import spec as S
 from mirasc.cli import main
+from mirasc.language import spec as S
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_PATHS = sorted((ROOT / "specs").glob("*.miras"))

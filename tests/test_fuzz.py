@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mirasc import SpecError, compile_text
-from mirasc import spec as S
 from mirasc.cli import main
+from mirasc.language import spec as S
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_TEXTS = {p.stem: p.read_text(encoding="utf-8") for p in sorted((ROOT / "specs").glob("*.miras"))}
@@ -165,7 +165,7 @@ def test_every_spec_survives_single_deletions(spec_file, name):
 
 def test_check_helper_catches_internal_errors(spec_file, monkeypatch):
     """The property above can fail: an internal error makes the CLI answer 1 with a traceback."""
-    import mirasc.frontend as frontend
+    import mirasc.language.frontend as frontend
 
     def boom(*args, **kwargs):
         raise RuntimeError("simulated internal error")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from isolation import blocker_prelude
 
-from mirasc import explore
+from mirasc.lab import explore
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_mqar.py"

@@ -17,9 +17,10 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from mirasc import cli, hf  # noqa: E402
-from mirasc.models import LMConfig, build  # noqa: E402
-from mirasc.train_config import TrainConfig  # noqa: E402
+from mirasc import cli
+from mirasc.lab import hf  # noqa: E402
+from mirasc.lab.models import LMConfig, build  # noqa: E402
+from mirasc.lab.train_config import TrainConfig  # noqa: E402
 
 SPECS = Path(__file__).parent.parent / "specs"
 TINY = dict(d_model=32, n_layers=2, n_heads=2)
@@ -183,7 +184,7 @@ def test_export_errors(tmp_path, capsys):
 
 def test_train_export_hf(tmp_path):
     """`mirasc train --export-hf DIR` writes the trained model (the final checkpoint's weights)."""
-    from mirasc.train import load_model
+    from mirasc.lab.train import load_model
 
     run_dir, out = tmp_path / "run", tmp_path / "hf"
     assert cli.main(["train", str(SPECS / "gated_deltanet.miras"), "--steps", "2", "--warmup", "0", "--out-dir",
@@ -281,7 +282,7 @@ def test_special_token_ids_in_configs(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import GenerationConfig
 
-    from mirasc.tokenizer import load_tokenizer
+    from mirasc.lab.tokenizer import load_tokenizer
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

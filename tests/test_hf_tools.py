@@ -24,9 +24,10 @@ pytest.importorskip("tokenizers")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from mirasc import cli, hf  # noqa: E402
-from mirasc import data as mdata  # noqa: E402
-from mirasc.tokenizer import byte_tokenizer_json, load_tokenizer  # noqa: E402
+from mirasc import cli  # noqa: E402
+from mirasc.lab import data as mdata  # noqa: E402
+from mirasc.lab import hf  # noqa: E402
+from mirasc.lab.tokenizer import byte_tokenizer_json, load_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = str(ROOT / "specs" / "gated_deltanet.miras")
@@ -150,7 +151,7 @@ def _loss_falls(records, drop):
 def test_train_with_local_tokenizer_jsonl_and_parquet(corpus, trained, tmp_path):
     from transformers import AutoTokenizer
 
-    from mirasc.train import load_model
+    from mirasc.lab.train import load_model
 
     records = trained["records"]
     config = records[0]
@@ -228,7 +229,7 @@ def test_lm_eval_on_exported_model(corpus, trained, tmp_path, no_network, capsys
     pytest.importorskip("lm_eval")
     from transformers import AutoTokenizer
 
-    from mirasc import evaluation
+    from mirasc.lab import evaluation
 
     out = tmp_path / "results.json"
     assert cli.main(["eval", str(trained["hf"]), "--tasks", "ppl,cloze,mqar,niah", "--data", str(corpus["jsonl"]),
@@ -280,7 +281,7 @@ def test_transformers_trainer_ddp_two_processes(tmp_path):
     pytest.importorskip("datasets")
     from safetensors.torch import load_file
 
-    from mirasc.models import LMConfig
+    from mirasc.lab.models import LMConfig
 
     model_dir, out = tmp_path / "model", tmp_path / "trained"
     hf.export(SPEC, model_dir, LMConfig(d_model=32, n_layers=1, n_heads=2), seed=1)  # bytes, fresh weights

@@ -219,7 +219,7 @@ def test_launch_specialization_marks_divisible_arguments_as_the_jit_does():
     from triton.compiler import make_backend
     from triton.runtime import jit
 
-    from mirasc.kernel_report import _signature
+    from mirasc.lab.kernel_report import _signature
 
     backend = make_backend(GPUTarget("cuda", 90, 32))
     args = _probe_args()
@@ -244,7 +244,7 @@ def test_specialization_rule_matches_triton_native():
     import torch
     from triton.backends.compiler import BaseBackend
 
-    from mirasc.kernel_report import _specialize_impl, _specialize_rule
+    from mirasc.lab.kernel_report import _specialize_impl, _specialize_rule
 
     native = _specialize_impl()
     if native is None:
@@ -268,7 +268,7 @@ def test_specialization_changes_the_compiled_kernel(tmp_path):
         "import json, sys\n"
         f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
         "from test_kernel_fit import probe, _probe_args\n"
-        "from mirasc.kernel_report import compile_launch\n"
+        "from mirasc.lab.kernel_report import compile_launch\n"
         "out = {}\n"
         "for aligned in (True, False):\n"
         "    k = compile_launch(probe, _probe_args(aligned), 'sm_90', {'num_warps': 4})\n"

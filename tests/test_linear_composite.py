@@ -33,7 +33,7 @@ import torch
 from reference import make_inputs, make_state, reference_apply, rel
 
 import mirasc
-from mirasc.frontend import SpecError, parse_text
+from mirasc.language.frontend import SpecError, parse_text
 
 F = torch.nn.functional
 

@@ -1,4 +1,4 @@
-"""The synthetic benchmarks of `mirasc.tasks`: well-formed, deterministic, and every scored target
+"""The synthetic benchmarks of `mirasc.lab.tasks`: well-formed, deterministic, and every scored target
 derivable from its causal prefix (an independent oracle recovers it)."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from mirasc import tasks as T
+from mirasc.lab import tasks as T
 
 MQAR_CONFIGS = [T.MQARConfig(), T.MQARConfig(seq_len=128, num_kv_pairs=16, num_queries=5),
                 T.MQARConfig(seq_len=40, num_kv_pairs=10, random_non_queries=True)]

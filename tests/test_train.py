@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirasc import data as mdata
-from mirasc import train as mtrain
-from mirasc.models import build
+from mirasc.lab import data as mdata
+from mirasc.lab import train as mtrain
+from mirasc.lab.models import build
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = str(ROOT / "specs" / "gated_deltanet.miras")
@@ -56,7 +56,7 @@ def test_stdlib_split_is_deterministic_disjoint_and_by_file():
     assert set(train).isdisjoint(val) and sorted(train + val) == files
     assert 0.01 * len(files) < len(val) < 0.15 * len(files)
     # the split depends on the path only: the same in a fresh interpreter with another hash seed
-    code = ("import json; from mirasc import data as d; "
+    code = ("import json; from mirasc.lab import data as d; "
             "print(json.dumps(d.split_files(d.stdlib_files(), 0.05)[1]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
@@ -166,14 +166,14 @@ def single_reference(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_gloo_processes_equal_one_on_the_same_global_batch(tmp_path, mode, single_reference):
-    """`torchrun --nproc_per_node 2 -m mirasc.train ...` (gloo, CPU, float64) ends with the parameters of the
+    """`torchrun --nproc_per_node 2 -m mirasc.lab.train ...` (gloo, CPU, float64) ends with the parameters of the
     single-process run: each rank takes its half of the same global batch and gradients are averaged."""
     cfg, single = single_reference
     flags = {"d_model": cfg.d_model, "n_heads": cfg.n_heads, "seq_len": cfg.seq_len, "batch_size": cfg.batch_size,
              **DIST}
     args = [a for k, v in flags.items() for a in (mtrain._flag(k), str(v))]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "mirasc.train", SPEC, *args, "--no-progress", "--out-dir", str(tmp_path / mode)]
+           "-m", "mirasc.lab.train", SPEC, *args, "--no-progress", "--out-dir", str(tmp_path / mode)]
     cmd += ["--fsdp"] if mode == "fsdp" else []
     path = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
@@ -268,7 +268,7 @@ def test_gate_lr_scales_the_gate_projections_step():
     """`gate_lr` reaches the optimiser: Adam's first step moves every parameter by lr·sign(g), so after one step of
     the explore loop the gate projections have moved by gate_lr·lr and the other matrices by lr (weight decay
     shrinks a weight by lr·wd·|w| ≪ lr on top)."""
-    from mirasc import models, tasks, trainloop
+    from mirasc.lab import models, tasks, trainloop
 
     torch.manual_seed(0)
     model = build(SPEC, models.LMConfig(d_model=32, n_layers=1, n_heads=2, layer_options={"gate_lr": 0.1}))

@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .. import spec as S
 from ..derive import Derivation
 from ..explain import equations
-from .torch_backend import layer_source, per_head_source, preprocess
+from ..language import spec as S
+from .directives import preprocess
+from .torch_backend import layer_source, per_head_source
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()

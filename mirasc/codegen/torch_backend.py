@@ -12,11 +12,14 @@ from pathlib import Path
 import sympy as sp
 
 from .. import derive as D
-from .. import ir, layer_options
-from .. import spec as S
+from .. import ir
 from ..explain import equations
+from ..language import layer_options
+from ..language import spec as S
+from ..printers import TorchPrinter, print_block
 from . import triton_backend, triton_minibatch
-from .printers import TorchPrinter, print_block
+from .directives import preprocess
+from .standalone import layer_checks_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -43,7 +46,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
-            .replace("{{LAYER_CHECKS}}", layer_options.source())
+            .replace("{{LAYER_CHECKS}}", layer_checks_source())
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
@@ -80,41 +83,6 @@ def per_head_source(spec: S.Spec) -> str:
                   f'    out["{name}"] = x']
     lines.append("    return out")
     return "\n".join(lines) + "\n"
-
-
-def preprocess(text: str, flags: dict[str, bool]) -> str:
-    out, stack = [], []  # stack of (branch_taken, active)
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("# @"):
-            word, _, arg = s[3:].partition(" ")
-            if word == "if":
-                val = _flag(arg, flags)
-                stack.append((val, val))
-            elif word == "elif":
-                taken, _ = stack.pop()
-                val = (not taken) and _flag(arg, flags)
-                stack.append((taken or val, val))
-            elif word == "else":
-                taken, _ = stack.pop()
-                stack.append((True, not taken))
-            elif word == "endif":
-                stack.pop()
-            else:
-                raise ValueError(f"unknown template directive {s}")
-            continue
-        if all(active for _, active in stack):
-            out.append(line)
-    if stack:
-        raise ValueError("unterminated # @if in template")
-    return "\n".join(out) + "\n"
-
-
-def _flag(arg: str, flags: dict[str, bool]) -> bool:
-    arg = arg.strip()
-    if arg.startswith("not "):
-        return not flags[arg[4:].strip()]
-    return flags[arg]
 
 
 def _channel_decay_side(spec: S.Spec) -> str | None:
@@ -497,7 +465,7 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_chunked"] = family is not None
     flags["triton_momentum"] = family == "momentum"  # padding tokens also need θ = 1 (S must not decay)
     if family is not None:
-        triton_section += triton_backend.emit_chunked(tri_spec, family, preprocess, lq_scale=lq_on_chunks,
+        triton_section += triton_backend.emit_chunked(tri_spec, family, lq_scale=lq_on_chunks,
                                                       features=features is not None)
     flags["triton_minibatch"] = minibatch
     flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
@@ -520,7 +488,7 @@ def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.
     flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
     if minibatch:
         triton_section += triton_minibatch.emit_minibatch(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
-                                                          preprocess, features=features is not None)
+                                                          features=features is not None)
     return triton_section, no_triton, family, minibatch
 
 
@@ -573,4 +541,4 @@ def _shapes_line(spec: S.Spec) -> str:
             + "".join(f"; extras['{x}'] [B, T, H, {n}, Dk]" for x in spec.extras) + ".\n")
 
 
-__all__ = ["emit", "preprocess", "chunked_form", "layer_source"]
+__all__ = ["emit", "chunked_form", "layer_source"]

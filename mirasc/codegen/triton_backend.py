@@ -47,8 +47,9 @@ import textwrap
 from pathlib import Path
 
 from .. import ir
-from .. import spec as S
 from ..derive import Derivation
+from ..language import spec as S
+from .directives import preprocess
 from .triton_chunked import chunk_family, emit_chunked  # noqa: F401 (the chunked families' entry points)
 from .triton_printing import Unsupported
 from .triton_recurrent import (
@@ -152,8 +153,6 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "TRITON_FEATURES": repr(features),
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
     }
-    from .torch_backend import preprocess  # (torch_backend imports this module)
-
     return fill(preprocess(SECTION, {"features": features}), subs)
 
 

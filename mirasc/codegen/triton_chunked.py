@@ -22,7 +22,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .. import spec as S
+from ..language import spec as S
+from .directives import preprocess
 
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
 
@@ -63,7 +64,7 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     return None
 
 
-def emit_chunked(spec: S.Spec, family: str, preprocess, lq_scale: bool = False, features: bool = False) -> str:
+def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bool = False) -> str:
     """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family. lq_scale: the
     mini-batch family run by a chunk readout of lq retention (docs/semantics.md: chunk readouts), whose updates in
     weight space are η/n_c

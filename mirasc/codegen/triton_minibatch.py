@@ -48,9 +48,10 @@ import hashlib
 from pathlib import Path
 
 from .. import ir
-from .. import spec as S
 from ..derive import Derivation
+from ..language import spec as S
 from . import triton_minibatch_stream as stream
+from .directives import preprocess
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
@@ -98,7 +99,7 @@ CONSTS = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.conste
 
 
 def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
-                   preprocess, features: bool = False) -> str:
+                   features: bool = False) -> str:
     """Source of the mini-batch Triton section (both kernels and their torch glue); features: `spec` is a
     feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)."""
     reason = minibatch_reason(spec)

@@ -11,7 +11,7 @@ program's index range along it and `m<dim>` the mask of its real (unpadded) lane
 from __future__ import annotations
 
 from .. import ir
-from .printers import print_triton_block
+from ..printers import print_triton_block
 
 
 class Unsupported(Exception):

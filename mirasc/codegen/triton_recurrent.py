@@ -14,9 +14,9 @@ import re
 import sympy as sp
 
 from .. import ir
-from .. import spec as S
 from ..derive import Derivation
-from .printers import TritonPrinter, print_triton_block
+from ..language import spec as S
+from ..printers import TritonPrinter, print_triton_block
 from .triton_printing import SIZE, graph_lines, indent, row, rows, tile_matmul
 
 BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))

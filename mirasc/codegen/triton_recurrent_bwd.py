@@ -18,9 +18,9 @@ from __future__ import annotations
 import sympy as sp
 
 from .. import ir
-from .. import spec as S
 from ..derive import Derivation
-from .printers import TritonPrinter, print_triton_block
+from ..language import spec as S
+from ..printers import TritonPrinter, print_triton_block
 from .triton_printing import SIZE, graph_lines, indent, jit_kernel, part_row, part_rows, ring_row, ring_rows, rows
 from .triton_recurrent import (
     batched_factors,

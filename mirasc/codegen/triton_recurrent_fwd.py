@@ -10,9 +10,9 @@ and its readout); read y = M(q) (`memory_forward`) and store it. The final state
 from __future__ import annotations
 
 from .. import ir
-from .. import spec as S
 from ..derive import Derivation
-from .printers import TritonPrinter
+from ..language import spec as S
+from ..printers import TritonPrinter
 from .triton_printing import graph_lines, indent, jit_kernel
 from .triton_recurrent import (
     factor_lines,

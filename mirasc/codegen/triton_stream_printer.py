@@ -16,7 +16,7 @@ from collections import Counter
 from contextlib import contextmanager
 
 from .. import ir
-from .printers import print_triton_block
+from ..printers import print_triton_block
 from .triton_printing import SIZE
 
 TILE = {"k": "TK", "v": "TV", "e": "TE"}

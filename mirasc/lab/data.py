@@ -15,7 +15,7 @@ The corpus is split into train and validation **by document**: a document is in 
 SHA-256 of its id (the relative path of a file, ``FILE#LINE`` of a JSONL record, ``FILE#ROW`` of a
 Parquet row), read as a number in [0, 1), is below ``val_fraction`` — deterministic across runs, machines
 and hash seeds, and independent of which other documents exist. Documents are joined with a blank line
-into one ``uint8`` tensor per split, or, with a tokenizer (mirasc.tokenizer), encoded and joined with its
+into one ``uint8`` tensor per split, or, with a tokenizer (mirasc.lab.tokenizer), encoded and joined with its
 end-of-sequence token into one ``int32`` tensor.
 
 `BatchSampler` draws ``[B, T]`` int64 windows (inputs and next-token targets) from such a tensor. Batch
@@ -329,7 +329,7 @@ def load_corpus(data_dir: str | Path | None = None, *, max_bytes: int | None = N
                 text_field: str = "text") -> Corpus:
     """The training corpus: the stdlib sources (data_dir None), a text folder, JSONL / Parquet files or a saved
     `datasets` folder (see `find_documents`), split into train and validation by document, as bytes or
-    (with a tokenizer from mirasc.tokenizer) as token ids.
+    (with a tokenizer from mirasc.lab.tokenizer) as token ids.
 
     max_bytes caps the total text read: train gets the first ⌈(1 − val_fraction)·max_bytes⌉ bytes of its
     documents in order, validation the rest of the budget (at least 1 KiB where the documents have it).

@@ -2,7 +2,7 @@
 
 Each trial is one design: a value per axis (categorical; the compiler's legality check prunes an illegal combination
 at once, its reason recorded as the trial's user attribute "illegal"), plus the sampled knobs (the outer learning
-rate, Layer options). It trains every seed in turn as `mirasc explore` trains a cell (mirasc.explore.train_cell),
+rate, Layer options). It trains every seed in turn as `mirasc explore` trains a cell (mirasc.lab.cells.train_cell),
 reports the accuracy at the training length every `eval_every` steps (step index seed_index·steps + step, so every
 trial is compared at the same seed and step) and may be pruned there; its value is the mean accuracy over seeds.
 
@@ -23,8 +23,9 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import explore as X
-from .explore import UsageError
+from . import cells as C
+from . import leaderboard as B
+from .cells import UsageError
 
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
@@ -84,16 +85,16 @@ def make_storage(url: str, heartbeat: int):
 def axis_choices(opts: dict) -> dict[str, list[str]]:
     """The categorical choices per axis: the axes given, the others at their defaults; none when only spec
     files are given (then the study is its reference trials alone)."""
-    if not any(opts[a] for a in X.AXES) and opts["spec"]:
+    if not any(opts[a] for a in C.AXES) and opts["spec"]:
         return {}
-    return {a: list(opts[a] or X.AXIS_DEFAULTS[a]) for a in X.AXES}
+    return {a: list(opts[a] or C.AXIS_DEFAULTS[a]) for a in C.AXES}
 
 
 def study_config(opts: dict) -> dict:
     """What trials of one study must share: a second invocation on the study must give the same."""
     return json.loads(json.dumps({
-        "version": X.EXPLORE_VERSION, "task": opts["task"], "task_config": dataclasses.asdict(opts["task_config"]),
-        "budget": X.budget_of(opts), "seeds": opts["seeds"], "state_budget": opts["state_budget"],
+        "version": C.EXPLORE_VERSION, "task": opts["task"], "task_config": dataclasses.asdict(opts["task_config"]),
+        "budget": C.budget_of(opts), "seeds": opts["seeds"], "state_budget": opts["state_budget"],
         "axes": axis_choices(opts), "knobs": {k: dataclasses.asdict(v) for k, v in opts["knobs"].items()},
         "eval_every": eval_every(opts)}, default=str))
 
@@ -183,7 +184,7 @@ def enqueue_references(study, opts: dict) -> tuple[int, list[dict]]:
 
 
 # ------------------------------------------------------------------------------------- trials
-def _suggest(trial, name: str, k: X.Knob):
+def _suggest(trial, name: str, k: C.Knob):
     if k.kind == "choice":
         return trial.suggest_categorical(name, list(k.choices))
     if k.kind == "int":
@@ -212,14 +213,14 @@ class Objective:
 
         ref = trial.user_attrs.get("reference")
         if ref:
-            cand = X.Candidate(ref, trial.user_attrs["reference_spec"], {})
+            cand = C.Candidate(ref, trial.user_attrs["reference_spec"], {})
             values = {}
         else:
             space = axis_choices(self.opts)
-            axes = {a: trial.suggest_categorical(a, space[a]) for a in X.AXES}
+            axes = {a: trial.suggest_categorical(a, space[a]) for a in C.AXES}
             values = {name: _suggest(trial, name, k) for name, k in self.opts["knobs"].items()}
-            label = " | ".join(axes[a] for a in X.AXES)
-            cand = X.Candidate(label, X.spec_text(X._name(label), axes), axes)
+            label = " | ".join(axes[a] for a in C.AXES)
+            cand = C.Candidate(label, C.spec_text(C.model_name(label), axes), axes)
         try:
             spec = mirasc.parse_text(cand.text, cand.label)
             cand.canonical = spec.canonical()
@@ -227,7 +228,7 @@ class Objective:
         except mirasc.SpecError as err:
             return cand, values, err.message
         if not cand.axes:
-            cand.axes = {a: line.split("=", 1)[1].strip() for a, line in zip(X.AXES, cand.canonical.splitlines()[1:6])}
+            cand.axes = {a: line.split("=", 1)[1].strip() for a, line in zip(C.AXES, cand.canonical.splitlines()[1:6])}
         return cand, values, ""
 
     def __call__(self, trial):
@@ -257,7 +258,7 @@ class Objective:
         cand, values, reason = self.candidate(trial)
         if not reason:
             try:
-                copts = X.cell_opts(cand, opts, values)
+                copts = C.cell_opts(cand, opts, values)
             except UsageError as err:
                 reason = str(err)
         self.illegal = bool(reason)
@@ -266,8 +267,8 @@ class Objective:
             trial.set_user_attr("label", _label(cand.label, values))
             raise optuna.TrialPruned(f"illegal: {reason}")
         cand.label = _label(cand.label, values)
-        budget = X.budget_of(copts)
-        design = X.design_key(cand.canonical, opts["task"], opts["task_config"], budget)
+        budget = C.budget_of(copts)
+        design = C.design_key(cand.canonical, opts["task"], opts["task_config"], budget)
         for name, value in (("label", cand.label), ("design", design), ("spec", cand.canonical),
                             ("head_dim", copts["layer"].get("head_dim") or opts["d_model"] // opts["heads"])):
             trial.set_user_attr(name, value)
@@ -279,10 +280,10 @@ class Objective:
                 return t.value
         out = Path(opts["out"]) / "cells"
         out.mkdir(parents=True, exist_ok=True)
-        progress = X.Progress(len(opts["seeds"]), quiet=opts["quiet"])
+        progress = C.Progress(len(opts["seeds"]), quiet=opts["quiet"])
         steps, cells = opts["steps"], []
         for i, seed in enumerate(opts["seeds"]):
-            key = X.cell_key(cand.canonical, opts["task"], opts["task_config"], seed, budget)
+            key = C.cell_key(cand.canonical, opts["task"], opts["task_config"], seed, budget)
             path = out / f"{key}.json"
             record = None
             if path.exists() and not opts["force"]:
@@ -291,11 +292,11 @@ class Objective:
                 except ValueError:
                     record = None  # a torn file: train again
             if record is not None:
-                X.complete_record(record, cand, copts)
+                C.complete_record(record, cand, copts)
                 for step, acc in record.get("eval_curve", []):
                     self._report(trial, optuna, acc, i * steps + step, seed, step, reference)
             else:
-                record = X.train_cell(cand, copts, seed, progress, self.every,
+                record = C.train_cell(cand, copts, seed, progress, self.every,
                                       lambda step, acc, i=i, seed=seed: self._report(
                                           trial, optuna, acc, i * steps + step, seed, step, reference))
                 record["key"] = key
@@ -330,7 +331,7 @@ def _announce(study, trial) -> None:
         extra = f" (as trial {a['same_as']})" if "same_as" in a else ""
         state = a.get("state_bytes")
         print(f"trial {trial.number}: {label}: accuracy {trial.value:.3f}{extra}"
-              + (f", state {X._size(state)} B/layer (head_dim {a.get('head_dim')})" if state is not None else ""),
+              + (f", state {B.size_text(state)} B/layer (head_dim {a.get('head_dim')})" if state is not None else ""),
               flush=True)
     elif trial.state.name == "PRUNED":
         if "illegal" in a:
@@ -472,7 +473,7 @@ def run_study(opts: dict) -> int:
     every = eval_every(opts)
     print(f"explore study {opts['study_name']!r} in {storage_url(opts)}: sampler {opts['sampler']}, pruner "
           f"{pruner_name(opts)}" + (f" (accuracy every {every} steps)" if every else "")
-          + f"; task {opts['task']} ({X._short(opts['task_config'])}), budget {opts['steps']} steps x batch "
+          + f"; task {opts['task']} ({C.config_text(opts['task_config'])}), budget {opts['steps']} steps x batch "
           f"{opts['batch_size']}, d_model {opts['d_model']}, {opts['layers']} layer(s), {opts['heads']} head(s), "
           f"{len(opts['seeds'])} seed(s)" + (f", state budget {opts['state_budget']} B/layer"
                                             if opts["state_budget"] else ""))
@@ -568,9 +569,9 @@ def summarize(study, opts: dict, before: dict, dropped: list[dict]) -> int:
     from optuna.trial import TrialState
 
     cells, pruned, illegal, failed = study_cells(study)
-    chance = X.chance_levels(opts)
-    rows = X.leaderboard(cells, opts["eval_lengths"], chance)
-    print(X.format_table(rows, opts["eval_lengths"]))
+    chance = B.chance_levels(opts)
+    rows = B.leaderboard(cells, opts["eval_lengths"], chance)
+    print(B.format_table(rows, opts["eval_lengths"]))
     after = {s: len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     imp = importance(study)
     extra = {"study": {"name": opts["study_name"], "storage": storage_url(opts), "sampler": opts["sampler"],
@@ -578,7 +579,7 @@ def summarize(study, opts: dict, before: dict, dropped: list[dict]) -> int:
                        "trials": {s.name.lower(): after[s] for s in TrialState}},
              "pruned": pruned, "failed": failed, "importance": imp}
     out = Path(opts["out"])
-    written = X.write_outputs(out, opts, rows, cells, dropped + illegal, opts["plots"], extra)
+    written = B.write_outputs(out, opts, rows, cells, dropped + illegal, opts["plots"], extra)
     if "unavailable" not in imp:
         print("parameter importance (Optuna): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()))
     new = {s: after[s] - before[s] for s in TrialState}

@@ -10,8 +10,8 @@ per byte of text (nats per token / ln 2 × tokens per byte; for bytes, nats / ln
 Configuration: `TrainConfig` defaults < `--config FILE.json` < command-line flags (on `--resume`, the
 checkpoint's config replaces the defaults). Data: the standard library's source by default; with `--data
 PATH` a local text folder, JSONL or Parquet file(s), or a `datasets` save_to_disk folder (see
-`mirasc.data`). Tokens: bytes by default; `--tokenizer PATH` reads a tokenizer.json file or a Hugging Face
-tokenizer folder from the disk (see `mirasc.tokenizer`), the LM's vocabulary follows it, and checkpoints
+`mirasc.lab.data`). Tokens: bytes by default; `--tokenizer PATH` reads a tokenizer.json file or a Hugging Face
+tokenizer folder from the disk (see `mirasc.lab.tokenizer`), the LM's vocabulary follows it, and checkpoints
 carry it (so an export does too). Nothing is downloaded.
 
 Distributed: under `torchrun --nproc_per_node N ...` the same entry point uses DistributedDataParallel
@@ -23,8 +23,8 @@ parameters, gradients and optimizer state with PyTorch's FullyShardedDataParalle
 ("FSDP needs a non-CPU accelerator device"), whereas `fully_shard` works on the CPU with gloo, so that is
 what `--fsdp` uses everywhere. Only rank 0 writes checkpoints, metrics and output.
 
-    python -m mirasc.train specs/gated_deltanet.miras --steps 200
-    torchrun --nproc_per_node 2 -m mirasc.train specs/titans.miras --batch-size 16 [--fsdp]
+    python -m mirasc.lab.train specs/gated_deltanet.miras --steps 200
+    torchrun --nproc_per_node 2 -m mirasc.lab.train specs/titans.miras --batch-size 16 [--fsdp]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import trainloop
-from .train_config import (  # noqa: F401  (re-exported: mirasc.train is the training API)
+from .train_config import (  # noqa: F401  (re-exported: mirasc.lab.train is the training API)
     CHECKPOINT,
     CONFIG_FIELDS,
     DEFAULT_WARMUP,
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"mirasc train: error: {e}", file=sys.stderr)
         return 2
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
-    from mirasc.frontend import SpecError
+    from mirasc.language.frontend import SpecError
 
     export_hf = getattr(args, "export_hf", None)
     if export_hf:
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         summary = train(args.spec, config_file=args.config, overrides=overrides, resume=args.resume,
                         metrics=args.metrics, stop_at=args.stop_at)
         if export_hf and int(os.environ.get("RANK", "0")) == 0:  # the checkpoint is complete on disk by now
-            from mirasc import hf
+            from mirasc.lab import hf
 
             out = hf.export_checkpoint(summary["checkpoint"], export_hf)
             print(f"wrote {out} (Hugging Face model of step {summary['step']})", flush=True)
@@ -250,7 +250,7 @@ def load_checkpoint_into(ckpt: dict, model, optimizer):
 def _run_tokenizer(cfg: TrainConfig, ckpt: dict | None):
     """The run's tokenizer: cfg.tokenizer, or on resume the checkpoint's own copy (its files may have moved
     since). Resuming with another tokenizer than the checkpoint's is refused."""
-    from mirasc.tokenizer import load_tokenizer, tokenizer_from_files
+    from mirasc.lab.tokenizer import load_tokenizer, tokenizer_from_files
 
     saved = ckpt.get("tokenizer") if ckpt is not None else None
     if saved and cfg.tokenizer == ckpt["config"].get("tokenizer"):
@@ -283,7 +283,7 @@ def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
     """A checkpoint continues only the model it was saved from: the same design (spec) and the same sizes.
     Raises ValueError naming every difference (instead of load_state_dict's key and shape dump)."""
     import mirasc
-    from mirasc import spec as S
+    from mirasc.language import spec as S
 
     mine, theirs = mirasc.parse_text(text), mirasc.parse_text(ckpt["spec"], str(src))
     diffs = []
@@ -318,7 +318,7 @@ def check_resumable(ckpt: dict, text: str, cfg: TrainConfig, src) -> None:
 
 def load_model(path: str | Path, map_location="cpu"):
     """The LanguageModel stored in a checkpoint (for sampling or evaluation)."""
-    from mirasc.models import build
+    from mirasc.lab.models import build
 
     ckpt = read_checkpoint(path, ("model", "config", "spec"))
     cfg = checkpoint_config(ckpt)
@@ -331,7 +331,7 @@ def load_model(path: str | Path, map_location="cpu"):
 def evaluate(model, data: torch.Tensor, cfg: TrainConfig, env: _Dist, autocast) -> float:
     """Mean next-token cross-entropy (nats) over deterministic validation windows, sharded over ranks (every
     rank runs the same number of forwards, so FSDP's collectives line up)."""
-    from mirasc.data import eval_windows
+    from mirasc.lab.data import eval_windows
 
     x_all, y_all = eval_windows(data, cfg.seq_len, cfg.eval_windows)
     local = max(1, cfg.batch_size // env.world)
@@ -445,8 +445,8 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
 
 
 def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at):
-    from mirasc.data import BatchSampler, load_corpus
-    from mirasc.models import build
+    from mirasc.lab.data import BatchSampler, load_corpus
+    from mirasc.lab.models import build
 
     dtype = getattr(torch, cfg.dtype)
     bf16 = cfg.bf16
@@ -577,7 +577,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
 
 def _sample(raw, model, optimizer, corpus, cfg, env, text, tokenizer):
     """Rank 0 prints `cfg.sample` generated tokens after a validation prompt (FSDP: from an unsharded copy)."""
-    from mirasc.models import build
+    from mirasc.lab.models import build
 
     if cfg.fsdp:
         model_sd, _ = _full_state(model, optimizer, env, cfg)

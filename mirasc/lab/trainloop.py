@@ -1,8 +1,8 @@
 """The training loop and the evaluation of `mirasc explore`, in torch alone.
 
 This file imports only torch and the standard library on purpose: `benchmarks/gpu_mqar.py` loads it by file path
-(with mirasc/tasks.py and mirasc/models.py) on machines without the compiler's dependencies, so that a GPU run
-trains and evaluates exactly as `mirasc explore` does. `tasks` and `models` are passed in as modules for the same
+(with mirasc/lab/tasks.py and mirasc/runtime/lm.py) on machines without the compiler's dependencies, so that a GPU
+run trains and evaluates exactly as `mirasc explore` does. `tasks` and `lm` are passed in as modules for the same
 reason. `device`: where the model lives; batches are generated on the CPU (the same tensors everywhere) and moved.
 """
 
@@ -16,12 +16,12 @@ import torch
 TRAIN_SEED, EVAL_SEED = 1_000_003, 987_654_321
 
 
-def make_model(module, models, vocab_size: int, d_model: int, layers: int, heads: int, layer_options: dict):
-    """The language model around the emitted `module`'s Layer (initialised from torch's global RNG); Layer
-    options the module does not have are skipped."""
+def make_model(module, lm, vocab_size: int, d_model: int, layers: int, heads: int, layer_options: dict):
+    """The language model (`lm`: mirasc.runtime.lm) around the emitted `module`'s Layer (initialised from torch's
+    global RNG); Layer options the module does not have are skipped."""
     layer_opts = {k: v for k, v in layer_options.items() if k in getattr(module, "LAYER_DEFAULTS", {})}
-    return models.build(module, models.LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=layers,
-                                                n_heads=heads, layer_options=layer_opts))
+    cfg = lm.LMConfig(vocab_size=vocab_size, d_model=d_model, n_layers=layers, n_heads=heads, layer_options=layer_opts)
+    return lm.LanguageModel(cfg, lambda d, h: module.Layer(d, h, **layer_opts))
 
 
 def param_groups(model, weight_decay: float, decayed=None) -> list[dict]:

@@ -1,56 +1,11 @@
-"""The Layer's options checked against one schema, `spec.LayerOptions` (docs/language.md, "The layer block").
-
-`schema()` turns the pydantic model into a plain dict (type, range, accepted words per option); every emitted
-module carries that dict as `LAYER_SCHEMA` and this file's `# ---- standalone` part as its checker, so
-`Layer(...)`, `mirasc train --layer-options`, `mirasc export --layer-options` and `mirasc explore --layer` refuse
-the same values with the same words as a spec's `layer { ... }` block, every bad value in one message.
+"""The Layer options' checker that every emitted module carries (a runtime piece: no imports; its body is copied
+into the module by mirasc.codegen.standalone). `schema` is mirasc.language.layer_options.schema()'s dict: option ->
+its type and range.
 """
 
-from __future__ import annotations
-
 import math
-import typing
-from pathlib import Path
 
 
-def schema() -> dict:
-    """option -> {"type": "int" | "float" | "bool" | "choice", "ge"/"gt"/"le"/"lt": bound, "choices": (...)}."""
-    from . import spec as S
-
-    out = {}
-    for name, field in S.LayerOptions.model_fields.items():
-        if name == "kind":
-            continue
-        ann = field.annotation
-        if ann is bool:
-            entry = {"type": "bool"}
-        elif typing.get_origin(ann) is typing.Literal:
-            entry = {"type": "choice", "choices": tuple(typing.get_args(ann))}
-        else:
-            entry = {"type": "int" if ann is int else "float"}
-            for m in field.metadata:
-                for attr in ("ge", "gt", "le", "lt"):
-                    if getattr(m, attr, None) is not None:
-                        entry[attr] = getattr(m, attr)
-        out[name] = entry
-    return out
-
-
-def check(options: dict) -> list[str]:
-    """Every problem with `options` (a dict of Layer options) as a list of messages; empty when all are good."""
-    if not isinstance(options, dict):
-        return [f"Layer options must be a mapping of option names to values, not {type(options).__name__}"]
-    return layer_option_problems(options, schema())
-
-
-def source() -> str:
-    """This file's standalone part (the checker an emitted module carries), as text."""
-    text = Path(__file__).read_text(encoding="utf-8")
-    body = text.split("\n# ---- standalone: begin")[1].split("\n# ---- standalone: end")[0]
-    return body.split("\n", 1)[1] + "\n"
-
-
-# ---- standalone: begin (copied into every emitted module: no imports)
 def layer_option_problems(options, schema):
     """Each bad Layer option as a message: unknown names (with the closest known one), wrong types, values out of
     range, words not accepted (with the accepted ones). `schema`: option -> its type and range."""
@@ -111,4 +66,3 @@ def layer_size_problems(d_model, num_heads, head_dim):
         problems.append(f"d_model = {d_model} is not a multiple of num_heads = {num_heads} (the head width is "
                         f"d_model // num_heads); choose sizes that divide, or set the head_dim option")
     return problems
-# ---- standalone: end

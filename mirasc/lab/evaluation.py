@@ -10,11 +10,11 @@ by `datasets` from the disk) into a task folder, so the same folder works with l
   `--data-split all`); lm-eval's word_perplexity, byte_perplexity and bits_per_byte.
 - `mirasc_cloze` (loglikelihood): the same documents cut at a word; the model must give the last word
   ( acc: it is the greedy continuation; perplexity).
-- `mirasc_mqar` (loglikelihood): mirasc.tasks' MQAR, one example per query; token i of the generator is
+- `mirasc_mqar` (loglikelihood): mirasc.lab.tasks' MQAR, one example per query; token i of the generator is
   the printable character chr(33 + i) (vocabulary 94: filler '!', keys '"'..'O', values 'P'..'}'), the
   tokens separated by spaces so that every tokenizer (bytes, BPE, word-level) reads one symbol per
   token; acc: the value is the greedy continuation.
-- `mirasc_niah` (loglikelihood): mirasc.tasks' S-NIAH text (haystack with a needle, then the question);
+- `mirasc_niah` (loglikelihood): mirasc.lab.tasks' S-NIAH text (haystack with a needle, then the question);
   acc: the whole answer is the greedy continuation.
 
 Synthetic data is generated with a fixed seed (`--seed`), so the files are the same on every run. Nothing

@@ -16,7 +16,7 @@ Three tasks, each a frozen dataclass config, a seeded generator and an oracle:
 Every generator is `generate_<task>(cfg, n, seed) -> (inputs, targets, mask)`: int64 tensors of shape
 [n, seq_len]; `targets[b, t]` is the token to predict after reading `inputs[b, :t+1]` where `mask` is 1
 and `IGNORE` (-100, `F.cross_entropy`'s ignore index) elsewhere. All tokens are < `VOCAB` = 256, so
-`mirasc.models.LanguageModel` (byte vocabulary) takes them directly. `oracle_<task>` recomputes every
+`mirasc.lab.models.LanguageModel` (byte vocabulary) takes them directly. `oracle_<task>` recomputes every
 scored target from the causal prefix `inputs[b, :t+1]` alone and `check_<task>` asserts that it agrees.
 Generation is deterministic: the same (cfg, n, seed) gives the same tensors on every machine.
 """

@@ -1,6 +1,6 @@
 """The training configuration and the `mirasc train` flags, without importing torch.
 
-`mirasc --help` and every command's argument parsing read this module; `mirasc.train` (which imports
+`mirasc --help` and every command's argument parsing read this module; `mirasc.lab.train` (which imports
 torch) re-exports everything here and runs the loop.
 """
 
@@ -74,7 +74,7 @@ class TrainConfig:
         return self.warmup if self.warmup is not None else min(DEFAULT_WARMUP, self.steps // 10)
 
     def lm_config(self):
-        from mirasc.models import LMConfig
+        from mirasc.lab.models import LMConfig
 
         return LMConfig(vocab_size=self.vocab_size or 256, d_model=self.d_model, n_layers=self.n_layers,
                         n_heads=self.n_heads, mlp_hidden=self.mlp_hidden, hybrid_every=self.hybrid_every,
@@ -101,8 +101,8 @@ class TrainConfig:
             raise ValueError(f"device {self.device!r}: not a device mirasc runs on; use {DEVICE_FORMS}")
         if not isinstance(self.layer_options, dict):
             raise ValueError("layer_options must be a JSON object")
-        from .layer_options import check as check_layer_options
-        from .layer_options import layer_size_problems
+        from ..language.layer_options import check as check_layer_options
+        from ..runtime.layer_options import layer_size_problems
 
         head_dim = self.layer_options.get("head_dim", 0)
         problems = check_layer_options(self.layer_options) + layer_size_problems(

@@ -1,10 +1,11 @@
-"""Language models around compiled memory layers: Llama-style blocks (RMSNorm, mixer, SwiGLU MLP),
-tied byte-level embeddings, hybrid stacks, and cached generation.
+"""The language model around a memory layer: Llama-style blocks (RMSNorm, mixer, SwiGLU MLP), tied byte-level
+embeddings, hybrid stacks, and cached generation.
 
-This file imports only torch (and the standard library) on purpose: `mirasc compile --model` appends
-it to the emitted module, so a model file stays standalone. Mixers are given as factories
-`make(d_model, num_heads) -> nn.Module` with `forward(x)`, `init_cache(batch)`, `step(x_t, cache)` (and
-`step(x_t, cache, mask=...)` for batches with padding) — exactly the emitted `Layer` API.
+A runtime piece: it imports only torch and the standard library, and its body (everything after the imports) is
+appended to an emitted module by `mirasc compile --model` and `mirasc export --hf` (mirasc.codegen.standalone), so
+that a model file stays standalone. Mixers are given as factories `make(d_model, num_heads) -> nn.Module` with
+`forward(x)`, `init_cache(batch)`, `step(x_t, cache)` (and `step(x_t, cache, mask=...)` for batches with padding) —
+exactly the emitted `Layer` API.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ---- standalone: begin (this part is appended to modules by `mirasc compile --model`)
 @dataclass
 class LMConfig:
     vocab_size: int = 256          # bytes
@@ -149,32 +149,3 @@ class LanguageModel(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-# ---- standalone: end
-
-
-def sliding_window_spec(window: int) -> str:
-    """The spec text of the hybrid layer: softmax attention over the last `window` tokens."""
-    return (f"model swa {{\n    memory  = nonparametric(kernel=softmax, window={window})\n    bias    = l2\n"
-            "    learner = nonparametric\n}\n")
-
-
-def build(spec, cfg: LMConfig) -> LanguageModel:
-    """A LanguageModel whose mixers are the compiled `spec` (path, text or emitted module); hybrid blocks
-    use sliding-window attention compiled from `sliding_window_spec(cfg.window)`."""
-    compile_spec = None
-    if not hasattr(spec, "Layer") or cfg.hybrid_every:  # an emitted module and no hybrid blocks: torch alone
-        import mirasc  # only here: this file must stay importable without mirasc when appended to a module
-
-        compile_spec = mirasc.compile_spec
-    mod = spec if hasattr(spec, "Layer") else compile_spec(spec)
-    hybrid = compile_spec(sliding_window_spec(cfg.window)) if cfg.hybrid_every else None
-
-    def make_mixer(d, h):
-        return mod.Layer(d, h, **cfg.layer_options)
-
-    def make_hybrid(d, h):
-        return hybrid.Layer(d, h, **{k: v for k, v in cfg.layer_options.items() if k in hybrid.LAYER_DEFAULTS})
-
-    return LanguageModel(cfg, make_mixer, make_hybrid if hybrid else None)

@@ -239,7 +239,7 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction
 
-    from .compiler import compile_spec
+    from ..compiler import compile_spec
 
     arch, smem_limit = TARGETS[target]
     gpu = GPUTarget("cuda", arch, 32)

@@ -1,0 +1,49 @@
+"""The runtime pieces an emitted module carries as text: the body of a module under mirasc/runtime/ (everything after
+its docstring and imports), so that an emitted file stays standalone while each piece is one real, importable,
+linted module.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+from ..runtime import layer_options, lm
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def body(module: types.ModuleType) -> str:
+    """`module`'s source from its first definition (or statement) after the docstring and the imports."""
+    text = Path(module.__file__).read_text(encoding="utf-8")
+    for node in ast.parse(text).body:
+        docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not docstring and not isinstance(node, (ast.Import, ast.ImportFrom)):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            return "".join(text.splitlines(True)[first - 1:])
+    return ""
+
+
+def layer_checks_source() -> str:
+    """The Layer options' checker (mirasc.runtime.layer_options) that every emitted module carries."""
+    return body(layer_options)
+
+
+def lm_source() -> str:
+    """The language model (mirasc.runtime.lm: LMConfig, RMSNorm, SwiGLU, Block, LanguageModel), to append to an
+    emitted module (its Layer is the mixer)."""
+    rule = "# " + "-" * 94
+    return (f"\n\n{rule}\n# Language model (mirasc.runtime.lm): RMSNorm, mixer = the Layer above, SwiGLU MLP, tied "
+            f"byte embeddings.\n{rule}\nfrom dataclasses import dataclass, field  # noqa: E402\n\n\n"
+            f"{body(lm).rstrip()}\n")
+
+
+def model_source() -> str:
+    """The language model and a make_model() factory, appended to an emitted module by `mirasc compile --model`."""
+    return lm_source() + (TEMPLATES / "model_factory.py.tmpl").read_text(encoding="utf-8")
+
+
+def hf_wrapper_source() -> str:
+    """The Hugging Face wrapper (config, PreTrainedModel, generation) that `mirasc export --hf` appends."""
+    return (TEMPLATES / "hf_model.py.tmpl").read_text(encoding="utf-8")

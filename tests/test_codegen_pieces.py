@@ -1,0 +1,84 @@
+"""The code generators' shared pieces: the templates' line directives (mirasc.codegen.directives) and the runtime
+modules an emitted file carries as text (mirasc.codegen.standalone)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from mirasc.codegen.directives import preprocess
+from mirasc.codegen.standalone import body, layer_checks_source, lm_source, model_source
+from mirasc.runtime import layer_options, lm
+
+TEXT = """a
+# @if x
+b
+# @elif y
+c
+# @else
+d
+# @endif
+e"""
+
+
+@pytest.mark.parametrize("x, y, kept", [(True, True, "b"), (True, False, "b"), (False, True, "c"), (False, False, "d")])
+def test_directives_take_one_branch(x, y, kept):
+    assert preprocess(TEXT, {"x": x, "y": y}) == f"a\n{kept}\ne\n"
+
+
+def test_directives_nest_and_negate():
+    text = "# @if not x\n  # @if y\nboth\n  # @endif\nnot x\n# @endif\nend"
+    assert preprocess(text, {"x": False, "y": True}) == "both\nnot x\nend\n"
+    assert preprocess(text, {"x": False, "y": False}) == "not x\nend\n"
+    assert preprocess(text, {"x": True, "y": True}) == "end\n"
+
+
+def test_directives_inside_a_branch_not_taken_are_still_matched():
+    text = "# @if x\n# @if y\nin\n# @else\nelse\n# @endif\n# @endif\nout"
+    assert preprocess(text, {"x": False, "y": True}) == "out\n"
+
+
+@pytest.mark.parametrize("text, error, match", [
+    ("# @if x\nb", ValueError, "unterminated"),
+    ("# @loop x\nb", ValueError, "unknown template directive"),
+    ("# @if missing\nb\n# @endif", KeyError, "missing"),
+])
+def test_directive_errors(text, error, match):
+    with pytest.raises(error, match=match):
+        preprocess(text, {"x": True})
+
+
+def test_body_is_the_module_after_its_docstring_and_imports():
+    text = body(lm)
+    assert text.startswith("@dataclass\nclass LMConfig")
+    assert '"""The language model' not in text and "\nimport " not in text
+    assert body(layer_options).startswith("def layer_option_problems(")
+
+
+def test_the_layer_checks_run_standalone():
+    namespace = {}
+    exec("import math\n" + layer_checks_source(), namespace)  # an emitted module imports math at its top
+    schema = {"conv": {"type": "int", "ge": 0}}
+    assert namespace["layer_option_problems"]({"conv": -1, "cnov": 1}, schema) == \
+        layer_options.layer_option_problems({"conv": -1, "cnov": 1}, schema)
+    assert namespace["layer_size_problems"](64, 3, 0) == layer_options.layer_size_problems(64, 3, 0)
+    assert namespace["layer_size_problems"](64, 3, 0)
+
+
+def test_the_language_model_source_runs_standalone(monkeypatch):
+    module = types.ModuleType("standalone_lm")  # dataclasses look their module up
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace = module.__dict__
+    exec("import math\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n" + lm_source(), namespace)
+    cfg = namespace["LMConfig"](vocab_size=11, d_model=8, n_layers=1, n_heads=2)
+    torch.manual_seed(0)
+    model = namespace["LanguageModel"](cfg, lambda d, h: torch.nn.Linear(d, d))
+    torch.manual_seed(0)
+    reference = lm.LanguageModel(lm.LMConfig(vocab_size=11, d_model=8, n_layers=1, n_heads=2),
+                                 lambda d, h: torch.nn.Linear(d, d))
+    x = torch.randint(0, 11, (2, 5))
+    torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+    assert "def make_model(" in model_source()
