@@ -106,6 +106,10 @@ def cmd_explain(args) -> int:
         print(compiled.spec.canonical())
     for line in equations(compiled.spec, compiled.derivation, latex=args.latex):
         print(line)
+    if not args.latex:
+        print("\nAlgorithms and kernels (docs/kernels.md, \"Which kernels run a spec\"):")
+        for line in compiled.plan.describe():
+            print("  " + line)
     return 0
 
 
@@ -238,8 +242,9 @@ def cmd_kernels(args) -> int:
 
     status, every = 0, []
     for spec in args.spec:
-        _load(spec)  # a bad spec is reported like everywhere else (exit 2)
+        compiled = _load(spec)  # a bad spec is reported like everywhere else (exit 2)
         print(f"== {spec}: {args.target}, Dk={args.dk} Dv={args.dv or args.dk}, {args.dtype}, T={args.length}")
+        print("\n".join(compiled.plan.describe()))
         try:
             rows = kr.report(spec, target=args.target, dk=args.dk, dv=args.dv or args.dk, dtype=args.dtype,
                              T=args.length, chunk=args.chunk, which="extremes" if args.extremes else "all",

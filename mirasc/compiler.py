@@ -1,4 +1,4 @@
-"""The driver: spec text -> Spec -> Derivation -> IR -> emitted module text (and module object)."""
+"""The driver: spec text -> Spec -> Derivation -> IR -> Plan -> emitted module text (and module object)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from . import ir
 from .codegen import torch_backend
 from .language import frontend
 from .language import spec as S
+from .plan import Plan, plan
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Compiled:
     forward: ir.Graph | None
     grad: ir.Graph | None
     source: str
+    plan: Plan  # which algorithms and kernels compute the spec (mirasc.plan)
 
     def dump_ir(self) -> str:
         if self.forward is None:
@@ -48,9 +50,9 @@ def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
     d = derive_parsed(spec, text, path)
     if not spec.parametric:
         from .codegen import attention_backend
-        return Compiled(spec, d, None, None, attention_backend.emit(spec, d))
+        return Compiled(spec, d, None, None, *attention_backend.emit(spec, d, plan(spec, d, None, None)))
     fwd, grad = ir.compile_graphs(spec.inner_spec(), d)  # precond: the graphs of gd(lr=gate(k)) it runs
-    return Compiled(spec, d, fwd, grad, torch_backend.emit(spec, d, fwd, grad))
+    return Compiled(spec, d, fwd, grad, *torch_backend.emit(spec, d, fwd, grad, plan(spec, d, fwd, grad)))
 
 
 def _locate(err: D.DerivationError, text: str, path: str) -> frontend.SpecError:

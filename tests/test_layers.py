@@ -2,9 +2,10 @@
 function) goes to a module of the same layer or of a layer below, and no modules import each other in a loop.
 
 From the ground up: the runtime pieces an emitted module carries (torch, triton and the standard library only), the
-language (grammar, spec, parser), the symbolic stage (printers, derivation, IR, equations), the code generators, the
-compiler that drives them, the lab (training, exploration, tasks, data, export, kernel reports) and the command
-line. The package's face (mirasc/__init__.py) hands on the compiler's and the language's public names.
+language (grammar, spec, parser), the symbolic stage (printers, derivation, IR, equations), the plan (which
+algorithms and kernels compute a spec), the code generators, the compiler that drives them, the lab (training,
+exploration, tasks, data, export, kernel reports) and the command line. The package's face (mirasc/__init__.py)
+hands on the compiler's and the language's public names.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ LAYERS = [
     ("runtime", ["mirasc.runtime"]),
     ("language", ["mirasc.language"]),
     ("symbolic", ["mirasc.printers", "mirasc.derive", "mirasc.ir", "mirasc.explain"]),
+    ("plan", ["mirasc.plan"]),
     ("codegen", ["mirasc.codegen"]),
     ("compiler", ["mirasc.compiler", "mirasc.verify", "mirasc"]),  # the face: compile_spec, parse_text, SpecError
     ("lab", ["mirasc.lab"]),

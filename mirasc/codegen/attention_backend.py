@@ -10,6 +10,7 @@ from pathlib import Path
 from ..derive import Derivation
 from ..explain import equations
 from ..language import spec as S
+from ..plan import Plan
 from .directives import preprocess
 from .torch_backend import layer_source, per_head_source
 
@@ -17,19 +18,6 @@ TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
 STICKBREAKING = (TEMPLATES / "stickbreaking_triton.py.tmpl").read_text()
-
-
-def triton_form(m: S.Nonparametric) -> tuple[bool, str]:
-    """Whether the flash kernel computes this read exactly, or why not."""
-    if m.kernel == "stickbreaking":
-        if m.head_norm:
-            return False, "the per-head output norm runs on the torch path"
-        return True, ""
-    if m.kernel != "softmax":
-        return False, f"the {m.kernel} kernel runs on the torch path (query-blocked, memory O(block x T))"
-    if m.hops > 1 or m.temporal or m.score_conv is not None or m.head_mix > 1 or m.head_norm:
-        return False, "hops, temporal encoding and Multi-Token Attention run on the torch path"
-    return True, ""
 
 
 def _decay(r) -> str:
@@ -42,9 +30,9 @@ def _decay(r) -> str:
     return repr(r.alpha) if r.alpha in S.GATE_FORMS else repr(float(r.alpha))
 
 
-def emit(spec: S.Spec, d: Derivation) -> str:
+def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
     m = spec.memory
-    has_triton, reason = triton_form(m)
+    has_triton, reason = the_plan.triton, the_plan.no_triton
     eqs = "\n".join("    " + line for line in equations(spec, d))
     spec_text = "\n".join("    " + line for line in spec.canonical().splitlines())
     flash = ("flash-style kernels (key tiles newest first, the stick carried per row)" if m.kernel == "stickbreaking"
@@ -76,4 +64,4 @@ def emit(spec: S.Spec, d: Derivation) -> str:
             body += STICKBREAKING
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
-    return doc + "\n" + body + layer_source(spec, d)
+    return doc + "\n" + body + layer_source(spec, d), the_plan

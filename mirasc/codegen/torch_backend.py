@@ -16,6 +16,7 @@ from .. import ir
 from ..explain import equations
 from ..language import layer_options
 from ..language import spec as S
+from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import triton_backend, triton_minibatch
 from .directives import preprocess
@@ -83,57 +84,6 @@ def per_head_source(spec: S.Spec) -> str:
                   f'    out["{name}"] = x']
     lines.append("    return out")
     return "\n".join(lines) + "\n"
-
-
-def _channel_decay_side(spec: S.Spec) -> str | None:
-    """The weight side ("k" or "v") that channel-wise α/θ scale, or None (all per head)."""
-    sides = {side for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta")}
-    return sides.pop() if len(sides) == 1 else None
-
-
-def chunked_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
-    """Which chunked algorithm computes this spec exactly, or None with the reason."""
-    m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
-    channels = spec.gate_channels()
-    if spec.generalized_delta:  # validated: linear memory, gd, none/decay over heads or key channels, exact
-        return "gdelta", ""
-    if {channels.get("alpha"), channels.get("theta")} == {"k", "v"}:
-        return None, ("α over key channels and θ over value channels (or the reverse) make every pair of tokens "
-                      "in a chunk a full matrix of factors, so no chunked form is derived; put both on the same "
-                      "side or use algorithm='recurrent'")
-    anchored = par.kind == "minibatch" or ir.state_independent_gradient(grad_graph)  # e.g. Hebbian: any chunking
-    channel_decay = _channel_decay_side(spec)
-    if l.kind == "muon":
-        if not anchored:
-            return None, ("muon with parallel=exact takes each token's gradient at the state the previous token "
-                          "left, and Newton–Schulz is not linear, so no chunked form exists; parallel=minibatch(C) "
-                          "has one (Atlas §5.1)")
-        if r.kind not in ("none", "decay") or channel_decay:
-            return None, (f"muon's chunk form unrolls W_t = α_t W_{{t−1}} − η_t NS(S_t) with α per head; "
-                          f"`retention = {r.kind}`{' with channel-wise α/θ' if channel_decay else ''} has no such "
-                          "unrolling here")
-        return "muon", ""
-    if anchored and (spec.window > 1 or spec.poly_degree) and channel_decay:
-        return None, ("the channel-wise mini-batch form reads raw keys and one token per step; with an Omega window "
-                      "or feature=poly it is not derived")
-    if anchored:
-        return "minibatch", ""
-    if spec.window > 1:
-        return None, (f"with parallel=exact, each token's gradient sums the Omega window's {spec.window} tokens at "
-                      "the state the previous token left; no exact chunked form is derived for that (the delta "
-                      "chunk form is one token per step); parallel=minibatch(C) has one (Atlas §3.3)")
-    if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
-        return "delta", ""
-    if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.kind in ("none", "decay"):
-        if any(channels.values()):
-            return None, ("the momentum delta rule's chunk form carries W and S as one state [W, S] whose per-token "
-                          "transition mixes them through scalar 2x2 factors (α, θ); a channel-wise gate makes "
-                          "those factors per channel, and no chunked form is derived for it: use gates per head "
-                          "or algorithm='recurrent'")
-        return "momentum_delta", ""
-    return None, (f"with parallel=exact, each token's gradient ({b.kind} bias, {m.kind} memory, {l.kind} learner, "
-                  f"{r.kind} retention) reads the state the previous token left, and no exact chunked form is "
-                  "derived for that combination; parallel=minibatch(C) has one")
 
 
 def _scaled_factors(grad: ir.Graph) -> ir.Graph:
@@ -276,13 +226,14 @@ def _constants(spec: S.Spec) -> dict[str, float]:
     return constants
 
 
-def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> str:
+def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_plan: Plan) -> tuple[str, Plan]:
     """The emitted module: docstring, the torch template (its flags and slots), the Triton sections, the Layer.
     A `precond` learner: the public op (its gates, constants, spec text, state "A") is the spec's, and everything
     after the preconditioner is printed for `spec.inner_spec()`, gd(lr=gate(k)) (the IR graphs are the inner
-    spec's too: compiler.compile_parsed)."""
+    spec's too: compiler.compile_parsed). Returns the text and the Plan as emitted (without Triton kernels where a
+    function has no Triton equivalent)."""
     outer, spec = spec, spec.inner_spec()
-    kind, reason = chunked_form(spec, grad)
+    kind, reason = the_plan.chunk_form, the_plan.no_chunk_form
     per_head = spec.per_head()
     constants = _constants(spec)
     flags = _flags(spec, d, kind)
@@ -300,23 +251,25 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph) -> st
     coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
         + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
-    triton_section, no_triton, family, minibatch = _triton_sections(spec, d, forward, grad, coef_order, kind, flags)
-    subs["REST_KERNELS"] = "_chunked_triton" if family is not None else "_minibatch_triton"
-    subs["HALF_DOTS"] = flags.pop("half_dots")
-    subs["NO_TRITON_REASON"] = no_triton.replace('"', "'")
+    triton_section, the_plan = _triton_sections(spec, the_plan, coef_order)
+    flags.update(_triton_flags(the_plan))
+    subs["REST_KERNELS"] = "_chunked_triton" if the_plan.chunk_family is not None else "_minibatch_triton"
+    subs["HALF_DOTS"] = the_plan.dots
+    subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
         raise ValueError("unfilled template slot: " + body[body.index("{{"):][:40])
-    triton_line = _triton_line(spec, triton_section, no_triton, family, minibatch, flags["chunk_readout_triton"])
-    return docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d)
+    triton_line = _triton_line(spec, the_plan)
+    return (docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d),
+            the_plan)
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     """The `# @if` flags of the torch template (the Triton ones are added by _triton_sections)."""
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
-    channel_decay = _channel_decay_side(spec)
+    channel_decay = channel_decay_side(spec)
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # docs/semantics.md: chunk readouts (lq or kl)
     return {
         "minibatch": par.kind == "minibatch",
@@ -399,13 +352,13 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": reason.replace('"', "'"),
         "ORDER": r.order if r.kind == "decay" else "none",
-        "CHANNEL_SIDE": _channel_decay_side(spec) or "",
+        "CHANNEL_SIDE": channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),
         # the memory's own apply, under a public `apply` that takes tokens and runs it over their sub-steps
         # (a multi-step learner) or on the features φ(q), φ(k) (a composite linear memory); never both (spec.py)
         "APPLY_FN": "_apply_memory" if spec.composite else "_apply_substeps" if spec.steps > 1 else "apply",
         "WINDOW": str(spec.window),
-        "WINDOW_COEFS": repr(_window_coefficients(spec, grad)),
+        "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
         "ETA_SIDE": repr(spec.gate_channels().get("eta")),
@@ -413,91 +366,54 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
     }
 
 
-def _window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
-    """The per-token coefficients an Omega window carries besides k and v: γ, and every coefficient the gradient
-    reads per token (e.g. Huber's δ), so that token i's loss is ℓ(W; k_i, v_i) with its own coefficients."""
-    if spec.window == 1:
-        return ()
-    read = {grad.node(n).arg for n in grad.inputs() if grad.node(n).op == "input"} - {"x", "k", "v"}
-    return ("gamma", *sorted(read))
-
-
-def _triton_sections(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
-                     kind: str | None, flags: dict[str, bool]) -> tuple[str, str, str | None, bool]:
-    """The Triton sections of the module: the fused recurrent kernels, then at most one chunk-parallel family
-    (chunked, or else mini-batch). Returns (source, why there is none, the chunk family, whether mini-batch)
-    and sets the template's Triton flags."""
-    r, par = spec.retention, spec.parallel
-    chunk_readout = flags["chunk_readout"]
+def _triton_sections(spec: S.Spec, the_plan: Plan, coef_order: list[str]) -> tuple[str, Plan]:
+    """The Triton sections of the module: the fused recurrent kernels, then the chunk-parallel family the Plan names
+    (chunked, or else mini-batch); and the Plan, without Triton kernels where the printers find no Triton
+    equivalent of a function."""
+    if not the_plan.triton:
+        return "", the_plan
     # readout=chunk (docs/semantics.md: chunk readouts) on Triton: each chunk is the dual form of a decay retention,
     # launched per chunk by _chunk_readout_triton. kl: after the lag token (torch), anchored at W_s. lq: anchored at
     # A_{s-1} / n_c, in weight space, with the updates of weight i scaled by 1/n_i: δ_i times a per-chunk coefficient
     # lqs<i>.
-    tri_spec, tri_grad, tri_coefs, tri_d, tri_forward = spec, grad, coef_order, d, forward
-    features = triton_backend.feature_spec(spec) if not chunk_readout else None
-    if features is not None:  # feature=poly, linear memory: the kernels run the plain memory on φ_p(q), φ_p(k)
-        tri_spec, tri_d = features, D.derive(features)
-        tri_forward, tri_grad = ir.compile_graphs(features, tri_d)
-    flags["triton_features"] = features is not None
-    if chunk_readout:
-        tri_spec = spec.model_copy(update={"name": f"{spec.name}_chunk_rest", "retention": S.Decay(alpha=r.alpha),
-                                           "parallel": S.Minibatch(C=par.C)})
-    if flags["chunk_lq"]:
-        tri_grad = _scaled_factors(grad)
+    k = the_plan.kernels
+    tri_grad, tri_coefs = k.grad, coef_order
+    if the_plan.lq_scale:
+        tri_grad = _scaled_factors(k.grad)
         tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
-        triton_section, no_triton = triton_backend.emit(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
-                                                        features is not None), ""
+        section = triton_backend.emit(k.spec, k.d, k.forward, tri_grad, tri_coefs, the_plan.features)
     except triton_backend.Unsupported as err:
-        triton_section, no_triton = "", str(err)
-    # lq: the per-weight scale is in the IR graphs, which the mini-batch kernels print; where those refuse (a decay
-    # over key channels), a linear memory's chunked kernels take it as a per-chunk factor on η (one weight, n_c)
-    lq_on_chunks = flags["chunk_lq"] and triton_minibatch.minibatch_reason(tri_spec) is not None
-    family = (triton_backend.chunk_family(tri_spec, kind)
-              if triton_section and (lq_on_chunks or not flags["chunk_lq"]) and not (chunk_readout and spec.window > 1)
-              else None)
-    minibatch = bool(triton_section) and family is None and triton_minibatch.minibatch_reason(tri_spec) is None
-    if chunk_readout and triton_section and family is None and not minibatch:
-        triton_section, no_triton = "", (f"readout=chunk (docs/semantics.md: chunk readouts) with {r.kind} retention "
-                                         "runs on the decay form's chunk kernels, and there are none for this memory "
-                                         "and learner")
-    flags["triton"] = bool(triton_section)
-    flags["triton_chunked"] = family is not None
-    flags["triton_momentum"] = family == "momentum"  # padding tokens also need θ = 1 (S must not decay)
-    if family is not None:
-        triton_section += triton_backend.emit_chunked(tri_spec, family, lq_scale=lq_on_chunks,
-                                                      features=features is not None)
-    flags["triton_minibatch"] = minibatch
-    flags["chunk_readout_triton"] = chunk_readout and bool(triton_section)
-    # How fp16/bf16 inputs' dots multiply (the module's _dot_precision, docs/semantics.md "Numerics"): 16-bit
-    # operands on the tensor cores in the chunk kernels (per-head and key-channel decays, their scores kernels);
-    # TF32 in the momentum delta scans (the build a GPU run verified); exact fp32 in the chunk readouts and the
-    # mini-batch MLP kernels
-    if triton_section and not chunk_readout and family in ("hebbian", "delta", "gdelta", "minibatch"):
-        flags["half_dots"] = "input"
-    elif triton_section and not chunk_readout and family == "momentum":
-        flags["half_dots"] = "tf32"
-    else:
-        flags["half_dots"] = "ieee"
-    # 16-bit q, k, v reach the delta family's chunk op as they are: its kernels (preparation and scan, decay per
-    # head) read them in place (with a feature map, φ is computed in the compute dtype first)
-    flags["half_in_place"] = (flags["half_dots"] == "input" and family == "delta" and features is None
-                              and tri_spec.gate_channels().get("alpha") != "k")
-    # cu_seqlens in one launch (padded rows); not for chunk readouts, whose padding would not be inert
-    # (not with an Omega window: padded rows would enter the carried window)
-    flags["triton_packed"] = (flags["triton_chunked"] or minibatch) and not chunk_readout and spec.window == 1
-    if minibatch:
-        triton_section += triton_minibatch.emit_minibatch(tri_spec, tri_d, tri_forward, tri_grad, tri_coefs,
-                                                          features=features is not None)
-    return triton_section, no_triton, family, minibatch
+        return "", the_plan.without_triton(str(err))
+    if the_plan.chunk_family is not None:
+        section += triton_backend.emit_chunked(k.spec, the_plan.chunk_family, lq_scale=the_plan.lq_on_chunks,
+                                               features=the_plan.features)
+    if the_plan.minibatch:
+        section += triton_minibatch.emit_minibatch(k.spec, k.d, k.forward, tri_grad, tri_coefs,
+                                                   features=the_plan.features)
+    return section, the_plan
 
 
-def _triton_line(spec: S.Spec, triton_section: str, no_triton: str, family: str | None, minibatch: bool,
-                 chunk_readout_triton: bool) -> str:
+def _triton_flags(the_plan: Plan) -> dict[str, bool]:
+    """The template's Triton flags, from the Plan."""
+    return {
+        "triton": the_plan.triton,
+        "triton_features": the_plan.features,
+        "triton_chunked": the_plan.chunk_family is not None,
+        "triton_momentum": the_plan.chunk_family == "momentum",  # padding tokens also need θ = 1 (S must not decay)
+        "triton_minibatch": the_plan.minibatch,
+        "chunk_readout_triton": the_plan.chunk_readout and the_plan.triton,
+        "half_in_place": the_plan.half_in_place,
+        "triton_packed": the_plan.packed,
+    }
+
+
+def _triton_line(spec: S.Spec, the_plan: Plan) -> str:
     """The docstring's line on what runs with backend='triton'."""
-    if not triton_section:
-        return f"Triton: none ({no_triton})."
-    if chunk_readout_triton:
+    family, minibatch = the_plan.chunk_family, the_plan.minibatch
+    if not the_plan.triton:
+        return f"Triton: none ({the_plan.no_triton})."
+    if the_plan.chunk_readout:
         how = ("each chunk's lag token in torch and the rest of the chunk" if spec.retention.kind == "kl" else
                "each chunk, anchored at A_{s-1}/n_c with weight i's updates scaled by 1/n_i,")
         kernels = f"chunked {family} family" if family else "mini-batch"
@@ -541,4 +457,4 @@ def _shapes_line(spec: S.Spec) -> str:
             + "".join(f"; extras['{x}'] [B, T, H, {n}, Dk]" for x in spec.extras) + ".\n")
 
 
-__all__ = ["emit", "chunked_form", "layer_source"]
+__all__ = ["emit", "layer_source"]

@@ -49,8 +49,9 @@ from pathlib import Path
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
+from ..plan import window_coefficients
 from .directives import preprocess
-from .triton_chunked import chunk_family, emit_chunked  # noqa: F401 (the chunked families' entry points)
+from .triton_chunked import emit_chunked  # noqa: F401 (the chunked families' entry point)
 from .triton_printing import Unsupported
 from .triton_recurrent import (
     BWD_SEGMENT,
@@ -59,7 +60,6 @@ from .triton_recurrent import (
     v_tile_reason,
     vector_coefficients,
     widx,
-    window_coefficients,
 )
 from .triton_recurrent_bwd import emit_backward
 from .triton_recurrent_fwd import emit_forward
@@ -69,51 +69,13 @@ SECTION = (Path(__file__).parent / "templates" / "triton_recurrent.py.tmpl").rea
 
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
          features: bool = False) -> str:
-    """Source of the Triton section of an emitted module (raises Unsupported with the reason). `features`: `spec`
-    is a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k) (see `feature_spec`)."""
-    par = spec.parallel
-    if par.kind == "minibatch" and par.readout == "chunk":
-        raise Unsupported(f"readout=chunk (docs/semantics.md: chunk readouts, {spec.retention.kind} retention) has no "
-                          "Triton kernel yet: the "
-                          "fused recurrent kernel implements per-token readouts and the mini-batch kernels no chunk "
-                          "readout")
-    why = _atlas_reason(spec, grad)
-    if why:
-        raise Unsupported(why)
+    """Source of the Triton section of an emitted module, for a spec the Plan gives the kernels (mirasc.plan); raises
+    Unsupported with the reason where a function has no Triton equivalent. `features`: `spec` is a feature=poly
+    linear memory's plain copy, run on φ_p(q), φ_p(k) (mirasc.plan.feature_spec)."""
     try:
         return _emit(spec, d, forward, grad, coef_order, features)
     except NotImplementedError as err:
         raise Unsupported(f"{err}") from None
-
-
-def feature_spec(spec: S.Spec) -> S.Spec | None:
-    """feature=poly on a linear memory: the plain linear memory the Triton kernels run on φ_p(q), φ_p(k) (mapped
-    in torch before every launch; the kernels' key width is φ_p's), under its own name; else None."""
-    if not spec.poly_degree or spec.memory.kind != "linear":
-        return None
-    return spec.model_copy(update={"name": f"{spec.name}_features",
-                                   "memory": spec.memory.model_copy(update={"feature": "identity"})})
-
-
-def _atlas_reason(spec: S.Spec, grad: ir.Graph) -> str:
-    """Why the Atlas pieces (docs/semantics.md) have no Triton kernel here, or ''. The Omega rule runs on the
-    fused recurrent kernels (c gradient-factor evaluations per token, the window read from sequences with the
-    carried tokens in front), except with a channel-wise coefficient inside the window."""
-    whys = []
-    channel = [n for n in window_coefficients(spec, grad) if spec.gate_channels().get(n)]
-    if channel:
-        whys.append(f"the Omega rule's window carries the channel-wise {', '.join(channel)}, which the recurrent "
-                    "kernels' window sequences (one scalar per token and coefficient) do not take")
-    if spec.poly_degree and spec.memory.kind == "mlp":  # (a linear memory's reaches here as its plain copy)
-        whys.append(f"feature=poly on an MLP memory feeds φ_p(x) (width 1 + Dk + … + Dk^{spec.poly_degree}) to the "
-                    "first layer while the residual adds x itself, two key widths the kernels' tiles do not take")
-    elif spec.poly_degree:
-        whys.append("feature=poly runs on the kernels as a linear memory over φ_p(q), φ_p(k), but not with "
-                    "readout=chunk")
-    if spec.learner.kind == "muon":
-        whys.append("muon orthogonalises each momentum matrix by Newton–Schulz (whole-matrix products every token), "
-                    "which the kernels' row-tiled state updates do not express")
-    return "; ".join(whys)
 
 
 def _bwd_note(why_not: str) -> str:

@@ -28,42 +28,6 @@ from .directives import preprocess
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
 
 
-def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
-    """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
-
-    All four share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
-    differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
-    one triangular solve per chunk), "gdelta" (l2 with read=kappa / erase=kappa: the generalized delta
-    transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
-    gradients at the chunk's anchor). "momentum" (l2 bias, momentum learner, gates per head) is not on the pair: its
-    own scans carry the state [W, S] (one triangular solve per chunk in the preparation).
-    Channel-wise gates (docs/semantics.md: channel-wise gates): a decay over key channels (alpha=gate(k)) selects the
-    kernels that
-    take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation), for
-    every family (the mini-batch family's gradients at the anchor need no coupling, so its
-    preparation is the same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ
-    run on the recurrent kernel only."""
-    m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or r.kind not in ("none", "decay"):
-        return None
-    if spec.window > 1 and not (l.kind == "gd" and (b.kind == "dot" or spec.parallel.kind == "minibatch")
-                                and not spec.channel_gates):
-        return None  # the Omega rule as c kernel rows per token needs gradients that do not move within a token
-    if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
-        return None  # value-side gates: the recurrent kernel only
-    if b.kind == "dot" and l.kind == "gd":
-        return "hebbian"
-    if b.kind == "l2" and chunk_kind == "delta":
-        return "delta"
-    if chunk_kind == "gdelta":  # validated: gd, none/decay, gates per head or over key channels, exact
-        return "gdelta"
-    if chunk_kind == "momentum_delta":  # l2, momentum, none/decay, gates per head (torch_backend.chunked_form)
-        return "momentum"
-    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
-        return "minibatch"
-    return None
-
-
 def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bool = False) -> str:
     """Source of the chunked Triton section (kernels and the torch preparation) for a chunk family. lq_scale: the
     mini-batch family run by a chunk readout of lq retention (docs/semantics.md: chunk readouts), whose updates in

@@ -50,31 +50,13 @@ from pathlib import Path
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
+from ..plan import minibatch_reason
 from . import triton_minibatch_stream as stream
 from .directives import preprocess
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
 TEMPLATE = (Path(__file__).parent / "templates" / "triton_minibatch.py.tmpl").read_text()
-
-
-def minibatch_reason(spec: S.Spec) -> str | None:
-    """Why the mini-batch kernels do not compute this spec (None: they do)."""
-    r, l = spec.retention, spec.learner
-    if spec.parallel.kind != "minibatch":
-        return "the spec is not parallel=minibatch(C)"
-    if spec.parallel.readout == "chunk":
-        return f"readout=chunk (docs/semantics.md: chunk readouts) with {r.kind} retention has no mini-batch kernel yet"
-    if r.kind not in ("none", "decay"):
-        return (f"{r.kind} retention reads the memory through a nonlinear map of its accumulator, so the "
-                "per-token weights of a chunk are not a sum of rank-1 matmuls")
-    if l.kind not in ("gd", "momentum"):
-        return f"the {l.kind} learner"
-    decays = sorted(g for g, side in spec.gate_channels().items() if side and g in ("alpha", "theta"))
-    if decays:
-        return (f"a channel-wise {' and '.join(decays)} makes the chunk's decay products one [C, C] matrix per "
-                "channel; these kernels take one per head (the torch chunked path has them)")
-    return None
 
 
 def vector_inputs(spec: S.Spec) -> dict[str, str]:

@@ -16,6 +16,7 @@ import sympy as sp
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
+from ..plan import window_coefficients
 from ..printers import TritonPrinter, print_triton_block
 from .triton_printing import SIZE, graph_lines, indent, row, rows, tile_matmul
 
@@ -187,15 +188,6 @@ def factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[s
 
 
 # ---- the Omega rule: the window's gradient factors, c per token
-
-def window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
-    """The per-token coefficients an Omega window carries besides k and v (the module's WINDOW_COEFS): γ, and
-    every coefficient the gradient graph reads per token."""
-    if spec.window == 1:
-        return ()
-    read = {grad.node(n).arg for n in grad.inputs() if grad.node(n).op == "input"} - {"x", "k", "v"}
-    return ("gamma", *sorted(read))
-
 
 def window_factor_lines(spec: S.Spec, grad: ir.Graph, coef_order: list[str], at: list[str]) -> list[str]:
     """The Omega rule's step t: for each window slot j = 0..c−1 (token t − c + 1 + j, row t + j of the window

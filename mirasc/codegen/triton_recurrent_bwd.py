@@ -20,6 +20,7 @@ import sympy as sp
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
+from ..plan import window_coefficients
 from ..printers import TritonPrinter, print_triton_block
 from .triton_printing import SIZE, graph_lines, indent, jit_kernel, part_row, part_rows, ring_row, ring_rows, rows
 from .triton_recurrent import (
@@ -36,7 +37,6 @@ from .triton_recurrent import (
     tile_matmul_ieee,
     vector_coefficients,
     widx,
-    window_coefficients,
     window_factor_lines,
 )
 
