@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 # The public names load their module on first use: `import mirasc` (and `mirasc --help`, `mirasc check`)
 # does not pay for sympy, networkx or the code generators until something needs them.
 _HOME = {"compile_spec": "compiler", "compile_text": "compiler", "parse_file": "language.frontend",
-         "parse_text": "language.frontend", "SpecError": "language.frontend"}
+         "parse_text": "language.frontend", "SpecError": "language.messages"}
 
 
 def __getattr__(name: str):

@@ -350,7 +350,11 @@ def cmd_train(args) -> int:
     return train.run(args)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `mirasc` command and its subcommands (argument definitions only: nothing here imports torch)."""
+    from .lab import explore, train_config
+    from .lab.train_config import add_threads_argument
+
     parser = argparse.ArgumentParser(prog="mirasc", description="Compile Miras sequence-model specs into "
                                      "standalone PyTorch modules.", epilog=LANGUAGE_GUIDE,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -369,9 +373,6 @@ def main(argv=None) -> int:
     p.add_argument("spec")
     p.add_argument("--latex", action="store_true", help="LaTeX instead of Unicode")
     p.set_defaults(fn=cmd_explain)
-    from .lab import explore, train_config  # argument definitions only: neither imports torch
-    from .lab.train_config import add_threads_argument
-
     p = sub.add_parser("explore", help="train and rank a grid of designs on a synthetic task, or search them in an "
                        "Optuna study (--help)")
     explore.add_arguments(p)
@@ -379,29 +380,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("train", help="train a byte-level LM with the spec's layer (see mirasc train --help)")
     train_config.add_arguments(p)
     p.set_defaults(fn=cmd_train)
-    p = sub.add_parser("export", help="write a Hugging Face transformers model folder (needs the hf extra)",
-                       description="Write DIR: config.json (spec text, sizes, auto_map), modeling_mirasc.py "
-                       "(the emitted module, the LM and its transformers wrapper; no mirasc needed to load it) "
-                       "and model.safetensors. Load it with AutoModelForCausalLM.from_pretrained(DIR, "
-                       "trust_remote_code=True).")
-    p.add_argument("spec", nargs="?", default=None, help="a .miras file (omit with --from-checkpoint)")
-    p.add_argument("--hf", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--from-checkpoint", metavar="CKPT", default=None,
-                   help="a mirasc train checkpoint (or run directory): its spec, sizes and trained weights")
-    for name, kind, default in (("d_model", int, 128), ("n_layers", int, 2), ("n_heads", int, 2),
-                                ("mlp_hidden", int, 0), ("hybrid_every", int, 0), ("window", int, 256)):
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
-                       help=f"[{default}] as in mirasc train")
-    p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
-                   help="JSON object of Layer options, as in mirasc train")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
-                   help="dtype of the saved weights, the one the model loads in by default [float32]")
-    p.add_argument("--tokenizer", default=None, metavar="PATH",
-                   help="a local tokenizer (tokenizer.json or a tokenizer folder) to export with the model; the "
-                   "vocabulary follows it [bytes]")
-    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary [the tokenizer's; 256 for bytes]")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
-    p.set_defaults(fn=cmd_export)
+    _export_arguments(sub.add_parser(
+        "export", help="write a Hugging Face transformers model folder (needs the hf extra)",
+        description="Write DIR: config.json (spec text, sizes, auto_map), modeling_mirasc.py (the emitted module, "
+        "the LM and its transformers wrapper; no mirasc needed to load it) and model.safetensors. Load it with "
+        "AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)."))
     p = sub.add_parser("eval", help="run lm-eval on an exported model with local tasks (needs the eval extra)",
                        description=EVAL_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _eval_arguments(p)
@@ -425,9 +408,35 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs [0]")
     add_threads_argument(p)
     p.set_defaults(fn=cmd_verify)
-    p = sub.add_parser("kernels", help="compile every Triton kernel a spec launches for a GPU target (no GPU needed) "
-                       "and report registers, spills, shared memory and whether it fits",
-                       description=KERNELS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _kernels_arguments(sub.add_parser(
+        "kernels", help="compile every Triton kernel a spec launches for a GPU target (no GPU needed) and report "
+        "registers, spills, shared memory and whether it fits", description=KERNELS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter))
+    return parser
+
+
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", default=None, help="a .miras file (omit with --from-checkpoint)")
+    p.add_argument("--hf", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--from-checkpoint", metavar="CKPT", default=None,
+                   help="a mirasc train checkpoint (or run directory): its spec, sizes and trained weights")
+    for name, kind, default in (("d_model", int, 128), ("n_layers", int, 2), ("n_heads", int, 2),
+                                ("mlp_hidden", int, 0), ("hybrid_every", int, 0), ("window", int, 256)):
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                       help=f"[{default}] as in mirasc train")
+    p.add_argument("--layer-options", type=json.loads, default=None, metavar="JSON",
+                   help="JSON object of Layer options, as in mirasc train")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                   help="dtype of the saved weights, the one the model loads in by default [float32]")
+    p.add_argument("--tokenizer", default=None, metavar="PATH",
+                   help="a local tokenizer (tokenizer.json or a tokenizer folder) to export with the model; the "
+                   "vocabulary follows it [bytes]")
+    p.add_argument("--vocab-size", type=int, default=None, help="vocabulary [the tokenizer's; 256 for bytes]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fresh initialisation [0]")
+    p.set_defaults(fn=cmd_export)
+
+
+def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="+")
     p.add_argument("--target", default="sm_90", choices=["sm_80", "sm_86", "sm_89", "sm_90", "sm_100"])
     p.add_argument("--dk", type=int, default=64, help="key head size (default 64)")
@@ -442,12 +451,16 @@ def main(argv=None) -> int:
                    "configuration the resource model keeps per autotuned kernel (a quick check)")
     p.add_argument("--json", default=None, help="also write every row as JSON to this file")
     p.set_defaults(fn=cmd_kernels)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # torch warns on import when numpy is missing; mirasc never hands tensors to numpy (and numpy is no
     # dependency of it), so the warning says nothing about a user's run
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
-    from .language.frontend import SpecError
+    from .language.messages import SpecError
 
     try:
         if "threads" in vars(args) and args.command in ("demo", "eval", "verify"):  # (train and explore: their own)

@@ -15,6 +15,7 @@ from . import ir
 from .codegen import torch_backend
 from .language import frontend
 from .language import spec as S
+from .language.messages import SpecError
 from .plan import Plan, plan
 
 
@@ -55,7 +56,7 @@ def compile_parsed(spec: S.Spec, text: str, path: str) -> Compiled:
     return Compiled(spec, d, fwd, grad, *torch_backend.emit(spec, d, fwd, grad, plan(spec, d, fwd, grad)))
 
 
-def _locate(err: D.DerivationError, text: str, path: str) -> frontend.SpecError:
+def _locate(err: D.DerivationError, text: str, path: str) -> SpecError:
     """Point a derivation error at the spec field (and parameter) it concerns."""
     code = re.sub(r"#[^\n]*", lambda m: " " * len(m.group()), text)  # blank out comments, keep offsets
     offset = 0
@@ -68,7 +69,7 @@ def _locate(err: D.DerivationError, text: str, path: str) -> frontend.SpecError:
                 offset = param.start()
     line = code.count("\n", 0, offset) + 1
     col = offset - (code.rfind("\n", 0, offset) + 1) + 1
-    return frontend.SpecError(path, line, col, err.message)
+    return SpecError(path, line, col, err.message)
 
 
 _CACHE: dict[str, types.ModuleType] = {}

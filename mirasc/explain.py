@@ -123,7 +123,15 @@ def equations(spec: S.Spec, d: Derivation, latex: bool = False) -> list[str]:
 
 
 def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
-    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    """The update rule as lines: the memory and the bias, the gradient and the learner's step, the retention, the
+    read."""
+    return (_memory_lines(spec, d, latex) + _step_lines(spec, d, latex) + _retention_lines(spec, d, latex)
+            + _read_lines(spec))
+
+
+def _memory_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
+    """The memory, its features, the bias and its derivative (and the MLP's chain rule)."""
+    m, l = spec.memory, spec.learner
     out: list[str] = []
     p = spec.poly_degree
     if m.kind == "linear" and (spec.feature != "identity" or p):
@@ -155,8 +163,15 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         last = "LayerNorm'ᵀ ∂ℓ/∂y" if m.norm == "layernorm" else "∂ℓ/∂y"  # (norm=none: y is the last layer's output)
         out.append(f"chain rule: ∇_{{W_i}} ℓ = δ_i h_{{i−1}}ᵀ, δ_L = {last}, "
                    "δ_{i} = (W_{i+1}ᵀ δ_{i+1}) ⊙ act'(z_i)")
-    at = "W_{t−1}"
+    return out
+
+
+def _step_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
+    """Where the gradient is taken (chunk anchors, pre-decay), the gradient, the learning rate, the learner."""
+    r, l, par = spec.retention, spec.learner, spec.parallel
+    out: list[str] = []
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
+    at = "W_{t−1}"
     if par.kind == "minibatch":
         at = f"the anchor state (end of the previous chunk of {par.C})"
     if chunk_readout and r.kind == "lq":
@@ -207,6 +222,14 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"learner:    U_t = −{step} + v_t k_tᵀ   (the write, at unit rate)")
     else:
         out.append(f"learner:    U_t = −{step}")
+    return out
+
+
+def _retention_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
+    """The retention's step from W_{t−1} and U_t, and a multi-step learner's sub-steps."""
+    r, par = spec.retention, spec.parallel
+    out: list[str] = []
+    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
     if r.kind == "none":
         out.append("retention:  W_t = W_{t−1} + U_t")
     elif r.kind == "decay":
@@ -240,6 +263,14 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         out.append(f"steps:      token t runs the lines above {spec.steps} times, j = 1..{spec.steps}, with "
                    f"(k_{{t,j}}, v_{{t,j}}, η_{{t,j}}) at the state sub-step j − 1 left{alpha}; "
                    "o_t reads the last")
+    return out
+
+
+def _read_lines(spec: S.Spec) -> list[str]:
+    """The read, and the state a chunk readout leaves."""
+    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    out: list[str] = []
+    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
     if spec.normalized:
         out.append(f"normaliser: z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
                    f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)  (W's row for the value 1)")

@@ -408,100 +408,122 @@ def vjp(gr: Graph, seeds: dict[str, str], title: str, vector_inputs=VECTOR_INPUT
     linear/layer (h ↦ W h), linear_t (d ↦ Wᵀ d), layernorm and layernorm_bwd (LayerNorm's Jacobian is
     symmetric; its second-order term is the layernorm_bwd2 op). `vector_inputs` names the inputs that are
     vectors (a channel-wise δ is one)."""
-    out = Graph(title)
-    out.g = gr.g.copy()
-    out.counter = gr.counter
-    vec = _vector_valued(gr, vector_inputs)
-    by_name = {gr.node(n).arg: gr.srcs(n)[0] for n in gr.outputs()}
-    cts: dict[int, list[int]] = {}
-    for name, ct_name in sorted(seeds.items()):
-        c = out.add("input", arg=ct_name, name=ct_name)
-        vec[c] = vec[by_name[name]]
-        cts.setdefault(by_name[name], []).append(c)
-    for o in gr.outputs():
-        out.g.remove_node(o)
+    rev = _Reverse(gr, seeds, title, vector_inputs)
+    for nid in reversed(gr.order()):
+        if nid not in rev.cts or gr.node(nid).op == "output":
+            continue
+        op, g = gr.node(nid), rev.total(nid)
+        rule = getattr(rev, f"rule_{op.op}", None)
+        if rule is None:
+            raise NoVJP(f"no reverse-mode rule for IR op {op.op}")
+        rule(nid, op, gr.srcs(nid), g)
+    return run_pipeline(rev.out)
 
-    def is_vec(n: int) -> bool:  # for nodes made here, by the same rule as _vector_valued
-        if n not in vec:
-            op, srcs = out.node(n), out.srcs(n)
-            vec[n] = (op.op not in ("rownorm", "rowsumsq", "rowsum", "weight", "output")
-                      and (op.op != "ew" or not srcs or any(is_vec(x) for x in srcs)))
-        return vec[n]
 
-    weights = {gr.node(n).arg: n for n in gr.g.nodes if gr.node(n).op == "weight"}
-    n_pairs: dict[int, int] = {}
+class _Reverse:
+    """The state of one reverse sweep: the new graph (the forward's nodes and the reverse's), each node's cotangent
+    terms (`cts`), which nodes are vectors, the weights and the outer-product pairs made so far; one `rule_<op>` per
+    IR op, each adding the cotangents of the op's sources."""
 
-    def weight(i: int) -> int:  # the forward graph's matmuls name their weight only by index
-        if i not in weights:
-            weights[i] = out.add("weight", arg=i, name=f"W{i + 1}")
-        return weights[i]
+    def __init__(self, gr: Graph, seeds: dict[str, str], title: str, vector_inputs):
+        self.gr = gr
+        self.out = out = Graph(title)
+        out.g = gr.g.copy()
+        out.counter = gr.counter
+        self.vec = _vector_valued(gr, vector_inputs)
+        by_name = {gr.node(n).arg: gr.srcs(n)[0] for n in gr.outputs()}
+        self.cts: dict[int, list[int]] = {}
+        for name, ct_name in sorted(seeds.items()):
+            c = out.add("input", arg=ct_name, name=ct_name)
+            self.vec[c] = self.vec[by_name[name]]
+            self.cts.setdefault(by_name[name], []).append(c)
+        for o in gr.outputs():
+            out.g.remove_node(o)
+        self.weights = {gr.node(n).arg: n for n in gr.g.nodes if gr.node(n).op == "weight"}
+        self.n_pairs: dict[int, int] = {}
 
-    def outer(i: int, left: int, right: int) -> None:
-        j = n_pairs[i] = n_pairs.get(i, -1) + 1
-        out.add("output", left, arg=f"outer{i}_{j}_l", name=f"out_outer{i}_{j}_l")
-        out.add("output", right, arg=f"outer{i}_{j}_r", name=f"out_outer{i}_{j}_r")
+    def is_vec(self, n: int) -> bool:  # for nodes made here, by the same rule as _vector_valued
+        if n not in self.vec:
+            op, srcs = self.out.node(n), self.out.srcs(n)
+            self.vec[n] = (op.op not in ("rownorm", "rowsumsq", "rowsum", "weight", "output")
+                           and (op.op != "ew" or not srcs or any(self.is_vec(x) for x in srcs)))
+        return self.vec[n]
 
-    def total(nid: int) -> int:
-        terms = cts[nid]
+    def weight(self, i: int) -> int:  # the forward graph's matmuls name their weight only by index
+        if i not in self.weights:
+            self.weights[i] = self.out.add("weight", arg=i, name=f"W{i + 1}")
+        return self.weights[i]
+
+    def outer(self, i: int, left: int, right: int) -> None:
+        j = self.n_pairs[i] = self.n_pairs.get(i, -1) + 1
+        self.out.add("output", left, arg=f"outer{i}_{j}_l", name=f"out_outer{i}_{j}_l")
+        self.out.add("output", right, arg=f"outer{i}_{j}_r", name=f"out_outer{i}_{j}_r")
+
+    def total(self, nid: int) -> int:
+        terms = self.cts[nid]
         acc = terms[0]
         for t in terms[1:]:
             a, b = sp.Symbol("a", real=True), sp.Symbol("b", real=True)
-            acc = out.ew(a + b, {a: acc, b: t}, name=f"ct_{gr.node(nid).name}")
+            acc = self.out.ew(a + b, {a: acc, b: t}, name=f"ct_{self.gr.node(nid).name}")
         return acc
 
-    for nid in reversed(gr.order()):
-        if nid not in cts or gr.node(nid).op == "output":
-            continue
-        op, srcs, g = gr.node(nid), gr.srcs(nid), total(nid)
-        name = op.name
-        if op.op == "input":
-            out.add("output", g, arg=f"d_{op.arg}", name=f"out_d_{op.arg}")
-        elif op.op in ("linear", "layer"):
-            h = srcs[-1]
-            outer(op.arg, g, h)
-            w = srcs[0] if op.op == "linear" else weight(op.arg)
-            cts.setdefault(h, []).append(out.add("linear_t", w, g, arg=op.arg, name=f"dh_{name}"))
-        elif op.op == "linear_t":
-            w, dd = srcs
-            outer(op.arg, dd, g)
-            cts.setdefault(dd, []).append(out.add("linear", w, g, arg=op.arg, name=f"dd_{name}"))
-        elif op.op == "layernorm":
-            cts.setdefault(srcs[0], []).append(out.add("layernorm_bwd", srcs[0], g, name=f"dz_{name}"))
-        elif op.op == "layernorm_bwd":
-            z, dy = srcs
-            cts.setdefault(dy, []).append(out.add("layernorm_bwd", z, g, name=f"ddy_{name}"))
-            cts.setdefault(z, []).append(out.add("layernorm_bwd2", z, dy, g, name=f"dz_{name}"))
-        elif op.op == "ew":
-            expr, syms = op.arg
-            g_sym = sp.Symbol("cot", real=True)  # the incoming cotangent: a name the expression does not use
-            while g_sym in syms:
-                g_sym = sp.Symbol(g_sym.name + "_", real=True)
-            for src, sym in zip(srcs, syms):
-                dexpr = _clean_derivative(sp.diff(expr, sym))
-                if dexpr == 0:
-                    continue
-                bind = dict(zip(syms, srcs))
-                bind[g_sym] = g
-                term = out.ew(dexpr * g_sym, {s: bind[s] for s in (dexpr * g_sym).free_symbols},
-                              name=f"d{gr.node(src).name}_{name}")
-                if is_vec(term) and not is_vec(src):
-                    term = out.add("rowsum", term, name=f"sum_{gr.node(src).name}_{name}")
-                cts.setdefault(src, []).append(term)
-        elif op.op == "rownorm":  # ∂‖t‖/∂t = t/‖t‖ (0 at t = 0, as autograd gives)
-            g_sym = sp.Symbol("g", real=True)
-            ts, ns = sp.Symbol("t", real=True), sp.Symbol("n", nonnegative=True)
-            term = out.ew(sp.Piecewise((g_sym * ts / ns, ns > 0), (0, True)), {ts: srcs[0], ns: nid, g_sym: g},
-                          name=f"d{gr.node(srcs[0]).name}_norm")
-            cts.setdefault(srcs[0], []).append(term)
-        elif op.op == "rowsumsq":
-            g_sym, ts = sp.Symbol("g", real=True), sp.Symbol("t", real=True)
-            cts.setdefault(srcs[0], []).append(out.ew(2 * ts * g_sym, {ts: srcs[0], g_sym: g},
-                                                      name=f"d{gr.node(srcs[0]).name}_sumsq"))
-        elif op.op == "weight":
-            continue
-        else:
-            raise NoVJP(f"no reverse-mode rule for IR op {op.op}")
-    return run_pipeline(out)
+    def add(self, src: int, term: int) -> None:
+        self.cts.setdefault(src, []).append(term)
+
+    def rule_input(self, nid, op, srcs, g):
+        self.out.add("output", g, arg=f"d_{op.arg}", name=f"out_d_{op.arg}")
+
+    def rule_weight(self, nid, op, srcs, g):
+        pass
+
+    def rule_linear(self, nid, op, srcs, g):  # h ↦ W h
+        h = srcs[-1]
+        self.outer(op.arg, g, h)
+        w = srcs[0] if op.op == "linear" else self.weight(op.arg)
+        self.add(h, self.out.add("linear_t", w, g, arg=op.arg, name=f"dh_{op.name}"))
+
+    rule_layer = rule_linear
+
+    def rule_linear_t(self, nid, op, srcs, g):  # d ↦ Wᵀ d
+        w, dd = srcs
+        self.outer(op.arg, dd, g)
+        self.add(dd, self.out.add("linear", w, g, arg=op.arg, name=f"dd_{op.name}"))
+
+    def rule_layernorm(self, nid, op, srcs, g):  # LayerNorm's Jacobian is symmetric
+        self.add(srcs[0], self.out.add("layernorm_bwd", srcs[0], g, name=f"dz_{op.name}"))
+
+    def rule_layernorm_bwd(self, nid, op, srcs, g):
+        z, dy = srcs
+        self.add(dy, self.out.add("layernorm_bwd", z, g, name=f"ddy_{op.name}"))
+        self.add(z, self.out.add("layernorm_bwd2", z, dy, g, name=f"dz_{op.name}"))
+
+    def rule_ew(self, nid, op, srcs, g):  # SymPy differentiation per source, summed over the row into a scalar
+        expr, syms = op.arg
+        g_sym = sp.Symbol("cot", real=True)  # the incoming cotangent: a name the expression does not use
+        while g_sym in syms:
+            g_sym = sp.Symbol(g_sym.name + "_", real=True)
+        for src, sym in zip(srcs, syms):
+            dexpr = _clean_derivative(sp.diff(expr, sym))
+            if dexpr == 0:
+                continue
+            bind = dict(zip(syms, srcs))
+            bind[g_sym] = g
+            term = self.out.ew(dexpr * g_sym, {s: bind[s] for s in (dexpr * g_sym).free_symbols},
+                               name=f"d{self.gr.node(src).name}_{op.name}")
+            if self.is_vec(term) and not self.is_vec(src):
+                term = self.out.add("rowsum", term, name=f"sum_{self.gr.node(src).name}_{op.name}")
+            self.add(src, term)
+
+    def rule_rownorm(self, nid, op, srcs, g):  # ∂‖t‖/∂t = t/‖t‖ (0 at t = 0, as autograd gives)
+        g_sym = sp.Symbol("g", real=True)
+        ts, ns = sp.Symbol("t", real=True), sp.Symbol("n", nonnegative=True)
+        self.add(srcs[0], self.out.ew(sp.Piecewise((g_sym * ts / ns, ns > 0), (0, True)),
+                                      {ts: srcs[0], ns: nid, g_sym: g}, name=f"d{self.gr.node(srcs[0]).name}_norm"))
+
+    def rule_rowsumsq(self, nid, op, srcs, g):
+        g_sym, ts = sp.Symbol("g", real=True), sp.Symbol("t", real=True)
+        self.add(srcs[0], self.out.ew(2 * ts * g_sym, {ts: srcs[0], g_sym: g},
+                                      name=f"d{self.gr.node(srcs[0]).name}_sumsq"))
 
 
 def compile_graphs(spec: S.Spec, d: D.Derivation) -> tuple[Graph, Graph]:

@@ -106,7 +106,7 @@ ERRORS = [
      ["field `memory` given twice", "first at line 2"]),
     ("missing-memory", model("bias = l2"), 1, 7, ["model `m` has no `memory` field", "`memory = linear`"]),
     ("missing-bias", model("memory = linear"), 1, 7, ["has no `bias` field", "`bias = l2`"]),
-    # illegal combinations (spec.check_combination)
+    # illegal combinations (legality.check_combination)
     ("implicit-mlp", model("memory = mlp", "bias = l2", "learner = implicit"), 4, 15,
      ["illegal combination", "`implicit`", "only for `memory = linear`", "gd or momentum"]),
     ("implicit-lp", model("memory = linear", "bias = lp(p=3)", "learner = implicit"), 4, 15,

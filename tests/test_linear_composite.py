@@ -33,7 +33,8 @@ import torch
 from reference import make_inputs, make_state, reference_apply, rel
 
 import mirasc
-from mirasc.language.frontend import SpecError, parse_text
+from mirasc.language.frontend import parse_text
+from mirasc.language.messages import SpecError
 
 F = torch.nn.functional
 

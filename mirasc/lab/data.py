@@ -302,6 +302,11 @@ class Corpus:
         """Validation tokens per byte of validation text (1 for bytes): converts nats/token to nats/byte."""
         return len(self.val) / self.val_bytes if self.val_bytes else 1.0
 
+    @property
+    def train_tokens_per_byte(self) -> float:
+        """Training tokens per byte of training text (1 for bytes)."""
+        return len(self.train) / self.train_bytes if self.train_bytes else 1.0
+
     def describe(self) -> str:
         what = "files" if self.format == "text" else f"{self.format} documents"
         if self.unit == "bytes":

@@ -284,14 +284,7 @@ def _grid(opts: dict) -> int:
               + ", ".join(f"{per_cand[c.label]['layer']['head_dim']} ({c.label})" for c in legal))
     jobs = [(c, s, C.cell_key(c.canonical, opts["task"], opts["task_config"], s, C.budget_of(per_cand[c.label])))
             for c in legal for s in opts["seeds"]]
-    stored = {}
-    for _, _, key in jobs:
-        path = out / "cells" / f"{key}.json"
-        if path.exists() and not opts["force"]:
-            try:
-                stored[key] = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError:
-                pass  # a torn file: recompute
+    stored = {} if opts["force"] else _stored_cells(out, [key for _, _, key in jobs])
     todo = [j for j in jobs if j[2] not in stored]
     progress = C.Progress(len(todo), quiet=opts["quiet"])
     if stored:
@@ -336,6 +329,19 @@ def _grid(opts: dict) -> int:
               "rest (finished cells are reused)")
         return 130
     return 1 if errors else 0
+
+
+def _stored_cells(out: Path, keys: list[str]) -> dict[str, dict]:
+    """The finished cells already in OUT/cells/ (a torn file is recomputed)."""
+    stored = {}
+    for key in keys:
+        path = out / "cells" / f"{key}.json"
+        if path.exists():
+            try:
+                stored[key] = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                pass
+    return stored
 
 
 def estimate_time(todo, cands: list[C.Candidate], opts: dict, per_cand: dict | None = None) -> dict[str, float]:

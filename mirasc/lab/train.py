@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"mirasc train: error: {e}", file=sys.stderr)
         return 2
     overrides = {name: getattr(args, name) for name in CONFIG_FIELDS}
-    from mirasc.language.frontend import SpecError
+    from mirasc.language.messages import SpecError
 
     export_hf = getattr(args, "export_hf", None)
     if export_hf:
@@ -444,10 +444,24 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
         env.close()
 
 
-def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at):
-    from mirasc.lab.data import BatchSampler, load_corpus
-    from mirasc.lab.models import build
+def _data(cfg, ckpt):
+    """The run's tokenizer (bytes, a local one, or the checkpoint's), the config with the vocabulary it implies, and
+    the corpus split into training and validation tokens."""
+    from mirasc.lab.data import load_corpus
 
+    tokenizer = _run_tokenizer(cfg, ckpt)
+    if cfg.vocab_size is None:  # the LM's vocabulary follows the tokenizer (recorded in checkpoints)
+        cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
+    elif cfg.vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"vocab_size {cfg.vocab_size} is smaller than the tokenizer's vocabulary "
+                         f"({tokenizer.vocab_size} tokens from {tokenizer.source})")
+    corpus = load_corpus(cfg.data, max_bytes=cfg.max_bytes, val_fraction=cfg.val_fraction, tokenizer=tokenizer,
+                         data_format=cfg.data_format, text_field=cfg.text_field)
+    return cfg, tokenizer, corpus
+
+
+def _precision(cfg, env):
+    """The weights' dtype, whether bf16 autocast is on (default: on a GPU that has it), and the autocast context."""
     dtype = getattr(torch, cfg.dtype)
     bf16 = cfg.bf16
     if bf16 is None:
@@ -462,14 +476,61 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
             return contextlib.nullcontext()
         return torch.autocast(env.device.type, dtype=torch.bfloat16)
 
-    tokenizer = _run_tokenizer(cfg, ckpt)
-    if cfg.vocab_size is None:  # the LM's vocabulary follows the tokenizer (recorded in checkpoints)
-        cfg = dataclasses.replace(cfg, vocab_size=tokenizer.vocab_size)
-    elif cfg.vocab_size < tokenizer.vocab_size:
-        raise ValueError(f"vocab_size {cfg.vocab_size} is smaller than the tokenizer's vocabulary "
-                         f"({tokenizer.vocab_size} tokens from {tokenizer.source})")
-    corpus = load_corpus(cfg.data, max_bytes=cfg.max_bytes, val_fraction=cfg.val_fraction, tokenizer=tokenizer,
-                         data_format=cfg.data_format, text_field=cfg.text_field)
+    return dtype, bf16, autocast
+
+
+def _announce(cfg, env, name, n_params, bf16, corpus, start, resumed, out_dir, metrics_path, progress, record):
+    """Rank 0 at the start: the output folders, the metrics file (new, or cut back to the resumed step), the run's
+    line and, on a fresh run, its config record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    if not resumed:
+        metrics_path.write_text("")
+    else:
+        _rewrite_metrics(metrics_path, start)
+    mode = "fsdp" if cfg.fsdp else "ddp" if env.on else "single"
+    progress.write(f"mirasc train: {name}, {n_params:,} parameters, {mode} x{env.world} on {env.device}, "
+                   f"{cfg.dtype}{' + bf16 autocast' if bf16 else ''}; {corpus.describe()}"
+                   + (f"; resumed at step {start}" if start else ""))
+    if start == 0:
+        record({"kind": "config", "step": 0, "spec": name, "params": n_params, "world_size": env.world,
+                "mode": mode, "config": asdict(cfg), "unit": corpus.unit, "train_bytes": corpus.train_bytes,
+                "val_bytes": corpus.val_bytes, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val)})
+
+
+def _recorder(env, metrics_path):
+    """record(rec): one JSON line in the metrics file, on rank 0."""
+    def record(rec):
+        if env.main:
+            with metrics_path.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
+    return record
+
+
+def _step(model, raw, optimizer, batch, lr, cfg, env, autocast):
+    """One optimizer step at learning rate `lr` (each group's times its lr_scale): forward, backward, clipping at
+    cfg.grad_clip. Returns (lr, the loss, the gradient norm before clipping)."""
+    for g in optimizer.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+    x, y = (b.to(env.device, non_blocking=True) for b in batch)
+    with autocast():
+        _, loss = model(x, y)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return lr, loss, norm
+
+
+def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at):
+    from mirasc.lab.data import BatchSampler
+    from mirasc.lab.models import build
+
+    dtype, bf16, autocast = _precision(cfg, env)
+    cfg, tokenizer, corpus = _data(cfg, ckpt)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     raw = build(text, cfg.lm_config()).to(device=env.device, dtype=dtype)
@@ -485,52 +546,21 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
                            world_size=env.world)
     tok_files = tokenizer.files()
 
-    def record(rec):
-        if env.main:
-            with metrics_path.open("a") as fh:
-                fh.write(json.dumps(rec) + "\n")
-
-    if env.main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        if ckpt is None:
-            metrics_path.write_text("")
-        else:
-            _rewrite_metrics(metrics_path, start)
+    record = _recorder(env, metrics_path)
     progress = _Progress(cfg.steps, start, cfg.progress and env.main)
-    mode = "fsdp" if cfg.fsdp else "ddp" if env.on else "single"
     if env.main:
-        progress.write(f"mirasc train: {name}, {n_params:,} parameters, {mode} x{env.world} on {env.device}, "
-                       f"{cfg.dtype}{' + bf16 autocast' if bf16 else ''}; {corpus.describe()}"
-                       + (f"; resumed at step {start}" if start else ""))
-        if start == 0:
-            record({"kind": "config", "step": 0, "spec": name, "params": n_params, "world_size": env.world,
-                    "mode": mode, "config": asdict(cfg), "unit": corpus.unit, "train_bytes": corpus.train_bytes,
-                    "val_bytes": corpus.val_bytes, "train_tokens": len(corpus.train), "val_tokens": len(corpus.val)})
+        _announce(cfg, env, name, n_params, bf16, corpus, start, ckpt is not None, out_dir, metrics_path, progress,
+                  record)
 
     # losses are in nats per token; bits per byte of text = nats / ln 2 * tokens per byte (1 for bytes)
-    unit = corpus.unit[:-1]
-    train_tpb = len(corpus.train) / corpus.train_bytes if corpus.train_bytes else 1.0
-    val_tpb = corpus.tokens_per_byte
+    unit, train_tpb, val_tpb = corpus.unit[:-1], corpus.train_tokens_per_byte, corpus.tokens_per_byte
     losses = []
     tokens_per_step = cfg.batch_size * cfg.seq_len
     t_last, steps_since, t0 = time.perf_counter(), 0, time.perf_counter()
     model.train()
     end = cfg.steps if stop_at is None else max(start, min(cfg.steps, stop_at))
     for step in range(start, end):
-        lr = lr_at(step, cfg)
-        for g in optimizer.param_groups:
-            g["lr"] = lr * g.get("lr_scale", 1.0)
-        x, y = sampler.batch(step)
-        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-        with autocast():
-            _, loss = model(x, y)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        lr, loss, norm = _step(model, raw, optimizer, sampler.batch(step), lr_at(step, cfg), cfg, env, autocast)
         steps_since += 1
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
@@ -553,14 +583,15 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
     progress.close()
 
     final_step = max(start, end)
+    result = {"losses": losses, "out_dir": str(out_dir), "checkpoint": str(ckpt_path), "metrics": str(metrics_path),
+              "params": n_params, "model": raw}
     if end > start:
         save_checkpoint(ckpt_path, model, optimizer, final_step, cfg, text, env, tok_files)
     if final_step < cfg.steps:  # stopped early on purpose: no final evaluation, resume later
         if env.main:
             print(f"stopped at step {final_step}/{cfg.steps}; checkpoint {ckpt_path} (resume with --resume)",
                   flush=True)
-        return {"step": final_step, "val_loss": None, "val_bpb": None, "losses": losses, "out_dir": str(out_dir),
-                "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
+        return {"step": final_step, "val_loss": None, "val_bpb": None, **result}
     val = evaluate(model, corpus.val, cfg, env, autocast)
     bpb = val / LN2 * val_tpb
     record({"kind": "final", "step": final_step, "val_loss": val, "val_bpb": bpb, "params": n_params,
@@ -571,8 +602,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
               flush=True)
     if cfg.sample:
         _sample(raw, model, optimizer, corpus, cfg, env, text, tokenizer)
-    return {"step": final_step, "val_loss": val, "val_bpb": bpb, "losses": losses, "out_dir": str(out_dir),
-            "checkpoint": str(ckpt_path), "metrics": str(metrics_path), "params": n_params, "model": raw}
+    return {"step": final_step, "val_loss": val, "val_bpb": bpb, **result}
 
 
 def _sample(raw, model, optimizer, corpus, cfg, env, text, tokenizer):

@@ -16,32 +16,13 @@ from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, Unexpec
 from pydantic import ValidationError
 
 from . import spec as S
-from .messages import plain_failure
+from .expressions import build_expression
+from .legality import Rejection, check_combination
+from .messages import SpecError, one_of, suggest
 
 # cache=True keeps lark's grammar analysis in a temporary file: later runs load it in milliseconds
 _PARSER = Lark.open("grammar/miras.lark", rel_to=__file__, parser="lalr", propagate_positions=True, strict=True,
                     cache=True)
-
-
-class SpecError(Exception):
-    """A bad spec: carries the location and a message that says what would be accepted.
-
-    `also` holds the file's further errors (fields in file order, then missing fields) when the front end
-    could go on after the first one; str() gives every error, one `path:line:col: message` line each."""
-
-    def __init__(self, path: str, line: int, col: int, message: str, also: tuple[SpecError, ...] = ()):
-        self.path, self.line, self.col, self.message = path, line, col, message
-        self.also = tuple(also)
-        super().__init__("\n".join(f"{e.path}:{e.line}:{e.col}: {e.message}" for e in self.all))
-
-    @property
-    def all(self) -> list[SpecError]:
-        return [self, *self.also]
-
-    @classmethod
-    def several(cls, errors: list[SpecError]) -> SpecError:
-        first, *rest = errors
-        return cls(first.path, first.line, first.col, first.message, also=rest)
 
 
 @dataclass(frozen=True)
@@ -55,15 +36,6 @@ def _pos(node) -> Pos:
         return Pos(node.line or 1, node.column or 1)
     meta = node.meta
     return Pos(getattr(meta, "line", 1) or 1, getattr(meta, "column", 1) or 1)
-
-
-def suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean `{close[0]}`?)" if close else ""
-
-
-def _one_of(choices) -> str:
-    return ", ".join(f"`{c}`" for c in choices)
 
 
 TOKEN_NAMES = {"NAME": "a name", "NUMBER": "a number", "LBRACE": "`{`", "RBRACE": "`}`", "LPAR": "`(`",
@@ -211,8 +183,8 @@ class _Builder:
             raise SpecError.several(errors)
         spec = S.Spec(name=str(name_tok), **values)
         try:
-            S.check_combination(spec)
-        except S.Rejection as rej:
+            check_combination(spec)
+        except Rejection as rej:
             node = seen.get(rej.field)
             target = node.children[1] if node is not None else model.children[0]
             if node is not None and rej.param:
@@ -230,7 +202,7 @@ class _Builder:
         key = str(key_tok)
         if key not in S.VOCABULARY:
             raise self.err(key_tok, f"unknown field `{key}`{suggest(key, S.FIELDS)}; "
-                           f"fields are {_one_of(S.FIELDS)}")
+                           f"fields are {one_of(S.FIELDS)}")
         if key in seen:
             p = _pos(seen[key])
             raise self.err(key_tok, f"field `{key}` given twice (first at line {p.line})")
@@ -250,7 +222,7 @@ class _Builder:
             try:
                 if key not in params:
                     raise self.err(key_tok, f"`layer` has no option `{key}`{suggest(key, params)}; options: "
-                                   f"{_one_of(params)}")
+                                   f"{one_of(params)}")
                 if key in where:
                     raise self.err(key_tok, f"layer option `{key}` given twice")
                 where[key] = expr
@@ -286,7 +258,7 @@ class _Builder:
         forms = S.VOCABULARY[field]
         if name not in forms:
             raise self.err(name_tok, f"unknown {field} `{name}`{suggest(name, forms)}; "
-                           f"accepted: {_one_of(forms)}")
+                           f"accepted: {one_of(forms)}")
         cls = forms[name]
         params = S.params_of(cls)
         kwargs: dict[str, object] = {}
@@ -299,7 +271,7 @@ class _Builder:
                 key_tok, expr = a.children
                 key = str(key_tok)
                 if key not in params:
-                    accepted = _one_of(params) if params else "none"
+                    accepted = one_of(params) if params else "none"
                     raise self.err(key_tok, f"`{name}` has no parameter `{key}`{suggest(key, params)}; "
                                    f"its parameters: {accepted}")
             else:
@@ -308,7 +280,7 @@ class _Builder:
                 positional = S.positional_params(cls)
                 if i >= len(positional):
                     raise self.err(a, f"`{name}` takes at most {len(positional)} argument(s) by position "
-                                   f"({_one_of(positional) if positional else 'none'})")
+                                   f"({one_of(positional) if positional else 'none'})")
                 key, expr = positional[i], a.children[0]
             if key in kwargs:
                 raise self.err(a, f"parameter `{key}` of `{name}` given twice")
@@ -368,7 +340,7 @@ class _Builder:
             side = expr.children[1]
             if param not in S.GATE_OF_PARAM:
                 raise self.err(expr, f"`{form}({param}=...)` is not a coefficient; `gate(k)`/`gate(v)` are accepted "
-                               f"for {_one_of(sorted(S.GATE_OF_PARAM))}")
+                               f"for {one_of(sorted(S.GATE_OF_PARAM))}")
             if side.data != "name" or str(side.children[0]) not in ("k", "v"):
                 raise self.err(side, "a channel-wise gate is `gate(k)` (one value per key channel) or `gate(v)` "
                                "(one per value channel)")
@@ -405,94 +377,9 @@ class _Builder:
         return S.PerHead(expr=expr)
 
     def expression(self, node: Tree, symbol: str | tuple[str, ...]):
-        import sympy as sp
-
-        from .primitives import EXPRESSION_FUNCTIONS, apow
-
-        depth = max(_depth(node), _paren_depth(self.text, node))
-        if depth > MAX_EXPRESSION_DEPTH:
-            raise self.err(node, f"expression nested {depth} levels deep; at most {MAX_EXPRESSION_DEPTH} levels "
-                           "of parentheses, functions and operators are accepted")
-        names = (symbol,) if isinstance(symbol, str) else symbol
-        per_head = names == S.HEAD_SYMBOLS
-        symbols = {n: sp.Symbol(n, real=True) for n in names}
-
-        def walk(n):
-            d = n.data
-            if d == "number":
-                return sp.Float(str(n.children[0])) if any(c in str(n.children[0]) for c in ".eE") \
-                    else sp.Integer(str(n.children[0]))
-            if d == "name":
-                word = str(n.children[0])
-                if word in symbols:
-                    return symbols[word]
-                if word == "pi":
-                    return sp.pi
-                raise self.err(n, f"unknown name `{word}` in expression{suggest(word, [*names, 'pi'])}; "
-                               f"the expression may use {_one_of(names)}, numbers, `pi` and the functions "
-                               f"{_one_of(sorted(EXPRESSION_FUNCTIONS))}")
-            if d == "func":
-                fn = str(n.children[0])
-                if fn not in EXPRESSION_FUNCTIONS:
-                    raise self.err(n, f"unknown function `{fn}`{suggest(fn, EXPRESSION_FUNCTIONS)}; "
-                                   f"accepted: {_one_of(sorted(EXPRESSION_FUNCTIONS))}")
-                return EXPRESSION_FUNCTIONS[fn](walk(n.children[1]))
-            if d in _CHAIN:  # a chain a ± b ± c ... (or a */ b */ c ...) is built iteratively, however long
-                return fold(n)
-            a = [walk(c) for c in n.children]
-            if d == "add":
-                return a[0] + a[1]
-            if d == "sub":
-                return a[0] - a[1]
-            if d == "mul":
-                return a[0] * a[1]
-            if d == "div":
-                if a[1] == 0:
-                    raise self.err(n, "division by zero in expression")
-                return a[0] / a[1]
-            if d == "neg":
-                return -a[0]
-            if d == "pow":
-                base, exponent = a
-                if exponent.free_symbols and not per_head:  # (a loss or potential is differentiated in its symbol)
-                    raise self.err(n, "exponents must be constants")
-                # |x|^p is written with a primitive whose derivative p*sign(x)|x|^(p-1) is finite at 0.
-                if isinstance(base, apow):
-                    return apow(base.args[0], base.args[1] * exponent)
-                return base ** exponent
-            raise self.err(n, f"unsupported expression form `{d}`")
-
-        def fold(n):
-            family, ops = _CHAIN[n.data], []
-            while isinstance(n, Tree) and _CHAIN.get(n.data) == family:
-                ops.append((n.data, n.children[1], n))
-                n = n.children[0]
-            total = walk(n)
-            if family == "sum":
-                terms = [total] + [walk(c) if op == "add" else -walk(c) for op, c, _ in reversed(ops)]
-                return sp.Add(*terms)
-            for op, c, at in reversed(ops):
-                value = walk(c)
-                if op == "div" and value == 0:
-                    raise self.err(at, "division by zero in expression")
-                total = total * value if op == "mul" else total / value
-            return total
-
-        try:
-            expr = walk(node)
-        except SpecError:
-            raise
-        except Exception as err:  # sympy can fail in many ways on extreme input (huge powers, ...)
-            raise self.err(node, f"cannot build this expression: {plain_failure(err)}") from None
-        # One spelling per function, so canonical() text parses back to the same expression.
-        expr = expr.replace(sp.Abs, lambda arg: apow(arg, sp.Integer(1)))
-        if expr.has(sp.zoo, sp.nan, sp.oo, -sp.oo):
-            raise self.err(node, "expression is not finite")
-        return expr
+        return build_expression(node, self.text, symbol, self.err)
 
 
-# Deeper expressions would exhaust Python's recursion in SymPy; no loss or potential needs them.
-MAX_EXPRESSION_DEPTH = 64
 # A per-head constant is checked at compile time for every head of every head count up to this many heads.
 PER_HEAD_CHECK_HEADS = 64
 
@@ -531,44 +418,6 @@ def _number(expr) -> float | None:
     if not (math.isfinite(val.real) and abs(val.imag) < 1e-12):
         return None
     return val.real
-
-
-# Operators whose chains are one level: a + b − c + ... is one sum, a·b/c·... one product, however many terms.
-_CHAIN = {"add": "sum", "sub": "sum", "mul": "product", "div": "product"}
-
-
-def _depth(node: Tree) -> int:
-    """Nesting depth of an expression tree, counted without recursion (the input may be very deep): functions,
-    powers, negations and each change between a sum and a product add a level; a chain of one operator family
-    is one level."""
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        n, d = stack.pop()
-        deepest = max(deepest, d)
-        family = _CHAIN.get(n.data)
-        stack.extend((c, d if family is not None and _CHAIN.get(c.data) == family else d + 1)
-                     for c in n.children if isinstance(c, Tree))
-    return deepest
-
-
-def _paren_depth(text: str, node: Tree) -> int:
-    """The deepest nesting of parentheses in the expression's source text (redundant ones included, which leave
-    no trace in the tree; a function's own parentheses count too)."""
-    start, end = getattr(node.meta, "start_pos", None), getattr(node.meta, "end_pos", None)
-    if not text or start is None or end is None:
-        return 0
-    while start > 0 and (text[start - 1] == "(" or text[start - 1].isspace()):  # parentheses around the whole
-        start -= 1
-    while end < len(text) and (text[end] == ")" or text[end].isspace()):
-        end += 1
-    deepest = level = 0
-    for ch in text[start:end]:
-        if ch == "(":
-            level += 1
-            deepest = max(deepest, level)
-        elif ch == ")":
-            level -= 1
-    return deepest
 
 
 def _literal_words(annotation) -> set[str]:

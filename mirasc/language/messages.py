@@ -1,7 +1,10 @@
-"""Error-message helpers: what a symbolic failure or a derived value means, in words a user can act on,
-and expressions printed short (no 300-digit constants, no SymPy names such as `zoo`)."""
+"""The errors a user sees: `SpecError` (a bad spec, located), and the helpers that word them — what a symbolic
+failure or a derived value means, in words a user can act on, expressions printed short (no 300-digit constants, no
+SymPy names such as `zoo`), the closest accepted word."""
 
 from __future__ import annotations
+
+import difflib
 
 
 def plain_failure(err: Exception) -> str:
@@ -48,3 +51,33 @@ def describe_value(value) -> str:
     if z.imag:
         return "complex, not real"
     return "too large to represent (it overflows)"
+
+
+def suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean `{close[0]}`?)" if close else ""
+
+
+def one_of(choices) -> str:
+    return ", ".join(f"`{c}`" for c in choices)
+
+
+class SpecError(Exception):
+    """A bad spec: carries the location and a message that says what would be accepted.
+
+    `also` holds the file's further errors (fields in file order, then missing fields) when the front end
+    could go on after the first one; str() gives every error, one `path:line:col: message` line each."""
+
+    def __init__(self, path: str, line: int, col: int, message: str, also: tuple[SpecError, ...] = ()):
+        self.path, self.line, self.col, self.message = path, line, col, message
+        self.also = tuple(also)
+        super().__init__("\n".join(f"{e.path}:{e.line}:{e.col}: {e.message}" for e in self.all))
+
+    @property
+    def all(self) -> list[SpecError]:
+        return [self, *self.also]
+
+    @classmethod
+    def several(cls, errors: list[SpecError]) -> SpecError:
+        first, *rest = errors
+        return cls(first.path, first.line, first.col, first.message, also=rest)
