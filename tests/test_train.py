@@ -15,6 +15,7 @@ import torch
 
 from mirasc.lab import data as mdata
 from mirasc.lab import train as mtrain
+from mirasc.lab.distributed import Dist
 from mirasc.lab.models import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def tiny_run(tmp_path_factory):
     result = mtrain.train(SPEC, cfg)
     # validation loss of the untrained model (same seed, same windows), for comparison
     corpus = mdata.load_corpus(max_bytes=cfg.max_bytes)
-    before = mtrain.evaluate(_fresh(cfg), corpus.val, cfg, mtrain._Dist("cpu"), contextlib.nullcontext)
+    before = mtrain.evaluate(_fresh(cfg), corpus.val, cfg, Dist("cpu"), contextlib.nullcontext)
     return result, before
 
 

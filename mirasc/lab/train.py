@@ -43,10 +43,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import trainloop
+from .distributed import Dist, wrap
 from .train_config import (  # noqa: F401  (re-exported: mirasc.lab.train is the training API)
     CHECKPOINT,
     CONFIG_FIELDS,
@@ -135,77 +135,7 @@ def _spec_text(spec: str) -> str:
     return spec
 
 
-class _Dist:
-    """Rank, world size and device; initialises the process group under torchrun."""
-
-    def __init__(self, device: str):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        if device == "cuda" and self.world > 1:
-            device = f"cuda:{local}"
-        self.device = resolve_device(device, local)
-        self.owns_group = False
-        if self.world > 1 and not dist.is_initialized():
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-            self.owns_group = True
-        self.on = self.world > 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def mean(self, value: float) -> float:
-        if not self.on:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.item() / self.world
-
-    def sum_(self, t: torch.Tensor) -> torch.Tensor:
-        if self.on:
-            dist.all_reduce(t)
-        return t
-
-    def barrier(self):
-        if self.on:
-            dist.barrier()
-
-    def close(self):
-        if self.owns_group:
-            # Every rank must be done with collectives before the group goes: tearing it down while a
-            # peer still runs one aborts that peer's gloo thread ("terminate called without an active
-            # exception") at exit.
-            dist.barrier()
-            dist.destroy_process_group()
-
-
-def _wrap(model, cfg: TrainConfig, env: _Dist):
-    """DDP, FSDP2 (fully_shard) or nothing. Returns the module to call for the training forward."""
-    if cfg.fsdp:
-        if not env.on:
-            raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node N")
-        try:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-        except ImportError as e:  # torch < 2.6
-            raise ValueError(f"--fsdp needs torch.distributed.fsdp.fully_shard (FSDP2, torch >= 2.6): {e}") from e
-        mesh = init_device_mesh(env.device.type, (env.world,))
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
-    if env.on:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ids = [env.device.index] if env.device.type == "cuda" else None
-        return DDP(model, device_ids=ids)
-    return model
-
-
-def _full_state(model, optimizer, env: _Dist, cfg: TrainConfig):
+def _full_state(model, optimizer, env: Dist, cfg: TrainConfig):
     """Unsharded, unwrapped (model_sd, optim_sd) on the CPU; under FSDP a collective, complete on rank 0."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -213,7 +143,7 @@ def _full_state(model, optimizer, env: _Dist, cfg: TrainConfig):
     return get_state_dict(model, optimizer, options=opts)
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, spec: str, env: _Dist,
+def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TrainConfig, spec: str, env: Dist,
                     tokenizer_files: dict | None = None):
     """tokenizer_files: the tokenizer's files ({name: bytes}, None for bytes), so that an export of the
     checkpoint carries the tokenizer it was trained with."""
@@ -328,7 +258,7 @@ def load_model(path: str | Path, map_location="cpu"):
 
 
 @torch.no_grad()
-def evaluate(model, data: torch.Tensor, cfg: TrainConfig, env: _Dist, autocast) -> float:
+def evaluate(model, data: torch.Tensor, cfg: TrainConfig, env: Dist, autocast) -> float:
     """Mean next-token cross-entropy (nats) over deterministic validation windows, sharded over ranks (every
     rank runs the same number of forwards, so FSDP's collectives line up)."""
     from mirasc.lab.data import eval_windows
@@ -437,7 +367,7 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
             raise FileNotFoundError(f"--resume {resume}: no such checkpoint")
     metrics_path = Path(metrics) if metrics else out_dir / METRICS
 
-    env = _Dist(cfg.device)
+    env = Dist(cfg.device)
     try:
         return _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at)
     finally:
@@ -535,7 +465,7 @@ def _train(cfg, text, name, out_dir, ckpt_path, ckpt, metrics_path, env, stop_at
     random.seed(cfg.seed)
     raw = build(text, cfg.lm_config()).to(device=env.device, dtype=dtype)
     n_params = raw.num_params()
-    model = _wrap(raw, cfg, env)
+    model = wrap(raw, cfg, env)
     optimizer = torch.optim.AdamW(param_groups(raw, cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                   eps=1e-8, foreach=False if cfg.fsdp else None)
     start = 0
