@@ -75,6 +75,7 @@ KERNELS = {"chunked": CHUNK_KERNELS,
 # the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
 BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7"}
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
+DELTA_KERNEL = "_flash_bwd_delta"  # the flash backward's δ (softmax and stick-breaking)
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
 EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"} | WY_KERNELS,
@@ -127,6 +128,10 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
     if spec in ("transformer", "forgetting_transformer", "stickbreaking"):
         # the flash kernels' dots: 16-bit operands on the tensor cores; fp32 exact (ieee) on FMA units, never TF32
         for r in rows:
+            if r["kernel"] == DELTA_KERNEL:  # δ = rowsum(dO ∘ O): a reduction, no product, no spill
+                assert not r["mma"] and r["spill_bytes"] == 0, f"{r['kernel']}: {r['mma']} {r['spill_bytes']} B"
+                assert {"O", "DO", "T"} <= set(r["specialized"]["divisible_by_16"]), f"{r['kernel']}: {r}"
+                continue
             assert r["tensor_cores"] == (dtype != "float32"), f"{r['kernel']} {r['config']}: tensor cores {dtype}"
             # compiled with the launch's specialization: 16-aligned tensors and T = 128 divisible, unit strides
             # constants (what a GPU's JIT compiles; without it the cubins differ: tests below)
