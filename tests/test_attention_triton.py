@@ -44,6 +44,23 @@ def test_flash_matches_torch(case, dtype, tol):
         assert rel(a, b) < 4 * tol, name
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_flash_backward_reads_do_in_another_layout(dtype, tol):
+    """dO whose layout differs from O's (heads before time underneath, here) is read where it is, as is δ's kernel
+    (no copy into O's layout): the gradients equal the torch path's."""
+    mod = mirasc.compile_spec(CASES["causal"])
+    g = torch.Generator().manual_seed(3)
+    B, T, H, D = 2, 29, 3, 16
+    q, k, v = (torch.randn(B, T, H, D, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    w = torch.randn(B, H, T, D, generator=g).to(dtype)  # the loss reads O heads-first: dO is [B, H, T, D] underneath
+    grads = torch.autograd.grad((mod.apply(q, k, v, backend="triton")[0].transpose(1, 2).contiguous() * w).sum(),
+                                (q, k, v))
+    refs = torch.autograd.grad((mod.apply(q, k, v, backend="torch")[0].double().transpose(1, 2) * w.double()).sum(),
+                               (q, k, v))
+    for name, a, b in zip("qkv", grads, refs):
+        assert rel(a, b) < tol, name
+
+
 @pytest.mark.parametrize("case", ["causal", "window", "cross"])
 @pytest.mark.parametrize("tiles", [(16, 32), (32, 16)])
 def test_flash_tiles_of_different_sizes(monkeypatch, case, tiles):
