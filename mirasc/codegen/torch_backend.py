@@ -1,8 +1,7 @@
-"""PyTorch backend: fills the hand-written module skeleton (templates/torch_module.py.tmpl) with
-code printed from the derivation and the IR, and keeps only the skeleton sections the spec needs.
-
-Template directives are whole lines: `# @if FLAG`, `# @elif FLAG`, `# @else`, `# @endif`
-(`not FLAG` allowed); `{{NAME}}` is substituted. Nothing in the output imports mirasc.
+"""The module assembler of a parametric memory: fills the hand-written skeleton (templates/torch_module.py.tmpl)
+with code printed from the derivation and the IR, keeps the skeleton sections the spec needs (the line directives
+of directives.py; `{{NAME}}` is substituted), and appends the Triton sections the Plan (mirasc/plan.py) names and
+the Layer. Nothing in the output imports mirasc.
 """
 
 from __future__ import annotations
