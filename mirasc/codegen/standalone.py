@@ -9,25 +9,34 @@ import ast
 import types
 from pathlib import Path
 
-from ..runtime import layer_options, lm
+from ..runtime import gpu_limits, layer_options, lm
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
 def body(module: types.ModuleType) -> str:
-    """`module`'s source from its first definition (or statement) after the docstring and the imports."""
+    """`module`'s source from its first definition (or statement) after the docstring and the imports, with the
+    comment lines right above it."""
     text = Path(module.__file__).read_text(encoding="utf-8")
     for node in ast.parse(text).body:
         docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         if not docstring and not isinstance(node, (ast.Import, ast.ImportFrom)):
+            lines = text.splitlines(True)
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            return "".join(text.splitlines(True)[first - 1:])
+            while first > 1 and lines[first - 2].startswith("#"):  # the comment right above it belongs to it
+                first -= 1
+            return "".join(lines[first - 1:])
     return ""
 
 
 def layer_checks_source() -> str:
     """The Layer options' checker (mirasc.runtime.layer_options) that every emitted module carries."""
     return body(layer_options)
+
+
+def gpu_limits_source() -> str:
+    """The shared-memory table and its lookup (mirasc.runtime.gpu_limits) that autotuned kernel sections carry."""
+    return body(gpu_limits)
 
 
 def lm_source() -> str:
