@@ -28,9 +28,9 @@ LAYERS = [
     ("command line", ["mirasc.cli", "mirasc.__main__"]),
 ]
 MAX_LINES, MAX_FUNCTION = 600, 80
-# Files and functions still over those sizes; each should shrink, none may join.
+# Files and functions allowed over those sizes (none now): each listed one should shrink, none may join.
 OVER_SIZE: set[str] = set()
-LONG_FUNCTIONS = {"mirasc/lab/kernel_report.py:report"}
+LONG_FUNCTIONS: set[str] = set()
 
 
 def module_name(path: Path) -> str:

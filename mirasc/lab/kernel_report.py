@@ -235,105 +235,30 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
     if os.environ.get("TRITON_INTERPRET"):
         raise RuntimeError("mirasc kernels compiles for a GPU: unset TRITON_INTERPRET before triton is imported")
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction
 
     from ..compiler import compile_spec
 
-    arch, smem_limit = TARGETS[target]
-    gpu = GPUTarget("cuda", arch, 32)
-    backend = make_backend(gpu)  # the backend whose specialization a launch on that GPU applies
     module = compile_spec(spec)
-    if hasattr(module, "FIT_SMEM_LIMIT"):  # the chunk kernels refuse on the CPU what a GPU of `target` would refuse
-        module.FIT_SMEM_LIMIT = smem_limit
-    tables = _autotune_tables(module)
-    rows: list[Row] = []
-    seen = set()
-    direction = ["fwd"]
-
-    def compile_one(fn, bound, options, config_label, kept):
-        sig, const, attrs, hints = _signature(fn, bound, backend)
-        key = (fn.fn.__name__, json.dumps(sig, sort_keys=True), repr(sorted(const.items(), key=str)),
-               repr(sorted(attrs.items())), repr(sorted(options.items())))
-        if key in seen:
-            return
-        seen.add(key)
-        row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=direction[0], specialized=hints)
-        t0 = _cpu_seconds()
-        try:
-            k = compile_launch(fn, bound, target, options, _specialized=(sig, const, attrs))
-            row.registers, row.spill_bytes = _cubin_resources(k.asm["cubin"])
-            row.shared_bytes = int(k.metadata.shared)
-            row.ok = True
-            row.fits = row.shared_bytes <= smem_limit
-            row.mma = _sass_mma_kinds(k.asm["cubin"])
-            row.tensor_cores = bool(row.mma)
-        except Exception as err:  # a compile error or out of resources: reported, not raised
-            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((".", "/", "$"))]
-            row.error = (lines[0] if lines else type(err).__name__)[:200]
-        row.compile_s = round(_cpu_seconds() - t0, 2)
-        rows.append(row)
-        if on_row:
-            on_row(row)
-
-    def intercept(self, *args, grid=None, warmup=False, **kwargs):
-        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
-        bound = dict(zip([p.name for p in self.params], args))
-        bound.update(kwargs)
-        name = self.fn.__name__
-        if name in tables:
-            full = tables[name](bound, None)  # the whole space, unpruned
-            kept_list = tables[name](bound, smem_limit)
-            kept = {json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) for c in kept_list}
-            if which == "extremes":
-                full = kept_list[:1] + kept_list[1:][-1:]
-            for c in full:
-                b = dict(bound)
-                b.update(c.kwargs)
-                label = dict(c.kwargs, warps=c.num_warps, stages=c.num_stages)
-                compile_one(self, b, {"num_warps": c.num_warps, "num_stages": c.num_stages}, label,
-                            json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) in kept)
-        else:
-            label = {p.name: bound[p.name] for p in self.params if p.is_constexpr and isinstance(
-                bound.get(p.name), (bool, int))}
-            label.update(warps=options.get("num_warps", 4), stages=options.get("num_stages", 3))
-            compile_one(self, bound, options, label, None)
-        return None
-
-    torch_dtype = getattr(torch, dtype)
-    algos = algorithms or _algorithms(module)
+    tracer = _Tracer(module, target, which, on_row)
     saved_run = JITFunction.run
-    JITFunction.run = intercept
+    JITFunction.run = lambda kernel, *args, **kwargs: tracer.intercept(kernel, *args, **kwargs)
     # the module refuses backend='triton' on CPU tensors outside the interpreter; here no kernel runs (each launch
-    # is intercepted above), so its device check stands aside for the traced calls
+    # is intercepted), so its device check stands aside for the traced calls
     saved_check = getattr(module, "_check_triton_device", None)
     if saved_check is not None:
         module._check_triton_device = lambda x: None
     try:
-        for algorithm in algos:
-            g = torch.Generator().manual_seed(0)
-            sub = [module.STEPS] if hasattr(module, "STEPS") else []  # multi-step learners: n pairs (and η) per token
-            q = torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_()
-            k = torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
-            v = torch.randn(1, T, heads, *sub, dv, generator=g).to(torch_dtype).requires_grad_()
-            channels = getattr(module, "GATE_CHANNELS", {})
-            gates = {n: torch.rand(1, T, heads, *(sub if n == "eta" else []),
-                                   *([dk if channels[n] == "k" else dv] if n in channels else []),
-                                   generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
-            kw = {} if chunk is None else {"chunk_size": chunk}
-            extras = {n: torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
-                      for n in getattr(module, "EXTRAS", ())}  # key inputs besides q, k (κ)
-            if extras:
-                kw["extras"] = extras
-            direction[0] = "fwd"
+        for algorithm in algorithms or _algorithms(module):
+            q, k, v, gates, kw = _inputs(module, T, heads, dk, dv, getattr(torch, dtype), chunk)
+            tracer.direction = "fwd"
             try:
                 if hasattr(module, "WEIGHTS"):
                     o, _ = module.apply(q, k, v, gates, backend="triton", algorithm=algorithm, **kw)
                 else:  # a nonparametric memory (attention)
                     o = module.apply(q, k, v, gates, backend="triton")
                     o = o[0] if isinstance(o, tuple) else o
-                direction[0] = "bwd"
+                tracer.direction = "bwd"
                 o.float().sum().backward()
             except (RuntimeError, ValueError) as err:  # the module refuses: no kernel for it, or not at this size
                 msg = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -341,16 +266,107 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
                     raise NoKernels(msg) from None
                 if msg.startswith(("no chunked Triton kernel", "no fused recurrent Triton kernel")):
                     continue  # this algorithm runs on torch: nothing to compile
-                row = Row(kernel=f"({algorithm} {direction[0]}: refused)", config={}, error=msg,
-                          direction=direction[0])
-                rows.append(row)
-                if on_row:
-                    on_row(row)
+                tracer.add(Row(kernel=f"({algorithm} {tracer.direction}: refused)", config={}, error=msg,
+                               direction=tracer.direction))
     finally:
         JITFunction.run = saved_run
         if saved_check is not None:
             module._check_triton_device = saved_check
-    return rows
+    return tracer.rows
+
+
+def _inputs(module, T, heads, dk, dv, torch_dtype, chunk):
+    """Random q, k, v, gates (and key inputs such as κ) of one batch row, as the module's apply takes them."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    sub = [module.STEPS] if hasattr(module, "STEPS") else []  # multi-step learners: n pairs (and η) per token
+    q = torch.randn(1, T, heads, dk, generator=g).to(torch_dtype).requires_grad_()
+    k = torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
+    v = torch.randn(1, T, heads, *sub, dv, generator=g).to(torch_dtype).requires_grad_()
+    channels = getattr(module, "GATE_CHANNELS", {})
+    gates = {n: torch.rand(1, T, heads, *(sub if n == "eta" else []),
+                           *([dk if channels[n] == "k" else dv] if n in channels else []),
+                           generator=g).requires_grad_() for n in getattr(module, "GATES", ())}
+    kw = {} if chunk is None else {"chunk_size": chunk}
+    extras = {n: torch.randn(1, T, heads, *sub, dk, generator=g).to(torch_dtype).requires_grad_()
+              for n in getattr(module, "EXTRAS", ())}  # key inputs besides q, k (κ)
+    if extras:
+        kw["extras"] = extras
+    return q, k, v, gates, kw
+
+
+class _Tracer:
+    """Stands in for every Triton launch of one module: compiles the launch (each configuration of an autotuned
+    kernel's space, or its two ends) for the target with the launch's specialization, and keeps a Row per
+    distinct compile."""
+
+    def __init__(self, module, target, which, on_row):
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import make_backend
+
+        arch, self.smem_limit = TARGETS[target]
+        self.target, self.which, self.on_row = target, which, on_row
+        self.backend = make_backend(GPUTarget("cuda", arch, 32))  # the specialization a launch on that GPU applies
+        if hasattr(module, "FIT_SMEM_LIMIT"):  # the chunk kernels refuse on the CPU what a GPU of `target` would
+            module.FIT_SMEM_LIMIT = self.smem_limit
+        self.tables = _autotune_tables(module)
+        self.rows: list[Row] = []
+        self.seen = set()
+        self.direction = "fwd"
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        if self.on_row:
+            self.on_row(row)
+
+    def compile_one(self, fn, bound, options, config_label, kept):
+        sig, const, attrs, hints = _signature(fn, bound, self.backend)
+        key = (fn.fn.__name__, json.dumps(sig, sort_keys=True), repr(sorted(const.items(), key=str)),
+               repr(sorted(attrs.items())), repr(sorted(options.items())))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        row = Row(kernel=fn.fn.__name__, config=config_label, kept=kept, direction=self.direction, specialized=hints)
+        t0 = _cpu_seconds()
+        try:
+            k = compile_launch(fn, bound, self.target, options, _specialized=(sig, const, attrs))
+            row.registers, row.spill_bytes = _cubin_resources(k.asm["cubin"])
+            row.shared_bytes = int(k.metadata.shared)
+            row.ok = True
+            row.fits = row.shared_bytes <= self.smem_limit
+            row.mma = _sass_mma_kinds(k.asm["cubin"])
+            row.tensor_cores = bool(row.mma)
+        except Exception as err:  # a compile error or out of resources: reported, not raised
+            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((".", "/", "$"))]
+            row.error = (lines[0] if lines else type(err).__name__)[:200]
+        row.compile_s = round(_cpu_seconds() - t0, 2)
+        self.add(row)
+
+    def intercept(self, kernel, *args, grid=None, warmup=False, **kwargs):
+        """What JITFunction.run does while tracing: compile the launch of `kernel`, run nothing."""
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTIONS}
+        bound = dict(zip([p.name for p in kernel.params], args))
+        bound.update(kwargs)
+        name = kernel.fn.__name__
+        if name not in self.tables:
+            label = {p.name: bound[p.name] for p in kernel.params if p.is_constexpr and isinstance(
+                bound.get(p.name), (bool, int))}
+            label.update(warps=options.get("num_warps", 4), stages=options.get("num_stages", 3))
+            self.compile_one(kernel, bound, options, label, None)
+            return None
+        full = self.tables[name](bound, None)  # the whole space, unpruned
+        kept_list = self.tables[name](bound, self.smem_limit)
+        kept = {json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) for c in kept_list}
+        if self.which == "extremes":
+            full = kept_list[:1] + kept_list[1:][-1:]
+        for c in full:
+            b = dict(bound)
+            b.update(c.kwargs)
+            label = dict(c.kwargs, warps=c.num_warps, stages=c.num_stages)
+            self.compile_one(kernel, b, {"num_warps": c.num_warps, "num_stages": c.num_stages}, label,
+                             json.dumps([c.kwargs, c.num_warps, c.num_stages], sort_keys=True) in kept)
+        return None
 
 
 def _algorithms(module) -> list[str]:
