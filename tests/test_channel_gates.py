@@ -101,9 +101,13 @@ def rel(a, b) -> float:
 
 
 @functools.cache
-def module(name: str):
+def spec_text(name: str) -> str:
     body = "\n    ".join(part.strip() for part in CASES[name][0].split(";"))
-    return mirasc.compile_spec(f"model {name} {{\n    {body}\n}}\n")
+    return f"model {name} {{\n    {body}\n}}\n"
+
+
+def module(name: str):
+    return mirasc.compile_spec(spec_text(name))
 
 
 def case(name: str):
@@ -221,6 +225,17 @@ TRITON_CHUNKED = {"gla", "hgrn_like", "kda", "delta_key_lr", "longhorn_channel_d
 TRITON_MINIBATCH = {"mlp_value_lr", "mlp_huber_value_delta"}
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_plan_names_the_chunk_parallel_kernels(name):
+    """Which cases with a chunked form the chunked Triton families or the mini-batch kernels take, as the Plan says
+    (docs/kernels.md, "Which kernels run a spec"); the others refuse the chunked Triton call (the test above)."""
+    plan = mirasc.compile_text(spec_text(name)).plan
+    if not plan.chunk_form:
+        return
+    assert (plan.chunk_family is not None) == (name in TRITON_CHUNKED), plan.summary()
+    assert plan.minibatch == (name in TRITON_MINIBATCH), plan.summary()
+
+
 @pytest.mark.parametrize("name", sorted(TRITON_CHUNKED | TRITON_MINIBATCH))
 def test_triton_chunked_matches_reference(name):
     """The chunked Triton kernels (interpreted here; tests/test_triton_channel_chunks.py and
@@ -228,7 +243,7 @@ def test_triton_chunked_matches_reference(name):
     dividing T; the MLP cases on the mini-batch kernels."""
     pytest.importorskip("triton")
     mod, (o_ref, s_ref, g_ref) = module(name), reference(name)
-    assert mod.CHUNKED and (mod._CHUNK_OP if name in TRITON_CHUNKED else mod._MINIBATCH_OP) is not None
+    assert mod.CHUNKED
     chunk = CHUNK if name in TRITON_CHUNKED else None  # the mini-batch kernels: the spec's minibatch(8)
 
     def fn(q, k, v, gates, state):
