@@ -11,6 +11,7 @@ hands on the compiler's and the language's public names.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -83,6 +84,18 @@ def test_no_import_goes_up_a_layer():
 
 def test_the_runtime_imports_nothing_of_the_compiler():
     assert {a: t for a, t in imports().items() if a.startswith("mirasc.runtime") and t} == {}
+
+
+def test_the_runtime_imports_only_torch_triton_and_the_standard_library():
+    """What an emitted module may import (it runs where mirasc, lark, sympy, pydantic, networkx are not)."""
+    allowed = set(sys.stdlib_module_names) | {"torch", "triton", "__future__"}
+    found = {}
+    for path in (PACKAGE / "runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found.update({f"{path.name}: {n}": n for n in names if n.split(".")[0] not in allowed})
+    assert found == {}
 
 
 def test_no_import_cycle():
