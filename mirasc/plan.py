@@ -25,20 +25,22 @@ class Kernels:
     readout's decay form) and its derivation and IR graphs."""
 
     spec: S.Spec
-    d: D.Derivation | None = None
-    forward: ir.Graph | None = None
-    grad: ir.Graph | None = None
+    d: D.Derivation
+    forward: ir.Graph
+    grad: ir.Graph
 
 
 @dataclass(frozen=True)
 class Plan:
     """The algorithms and kernels of one spec. A reason is "" where the path exists."""
 
-    chunk_form: str | None         # the torch chunked algorithm (see CHUNK_FORMS), None: recurrent only
+    chunk_form: str | None         # the torch chunked algorithm, None: recurrent only; delta, gdelta,
+                                   # momentum_delta, muon, minibatch, query_blocks (attention)
     no_chunk_form: str             # why there is none
     triton: bool                   # Triton kernels exist (the fused recurrent ones, or the flash kernel)
     no_triton: str                 # why there are none
-    chunk_family: str | None       # the chunk-parallel Triton family beside the recurrent kernels (see FAMILIES)
+    chunk_family: str | None       # the chunk-parallel Triton family beside the recurrent kernels: hebbian,
+                                   # delta, gdelta, minibatch, momentum; flash or stickbreaking (attention)
     minibatch: bool                # the mini-batch dual-form Triton kernels (when no chunked family covers it)
     chunk_readout: bool = False    # readout=chunk: each chunk on its decay form's chunk-parallel kernels
     features: bool = False         # feature=poly, linear memory: the kernels run the plain memory on φ_p(q), φ_p(k)
@@ -103,8 +105,6 @@ class Plan:
 
 DOTS = {"input": "16-bit operands on the tensor cores, fp32 accumulation", "tf32": "TF32 on the tensor cores",
         "ieee": "fp32 (exact products)"}
-CHUNK_FORMS = ("delta", "gdelta", "momentum_delta", "muon", "minibatch", "query_blocks")
-FAMILIES = ("hebbian", "delta", "gdelta", "minibatch", "momentum", "flash", "stickbreaking")
 FLASH = ("flash", "stickbreaking")
 
 
@@ -234,14 +234,10 @@ def window_coefficients(spec: S.Spec, grad: ir.Graph) -> tuple[str, ...]:
 
 
 def recurrent_reason(spec: S.Spec, grad: ir.Graph) -> str:
-    """Why the fused recurrent kernels (and so every Triton kernel) do not print this spec, or "". The Omega rule
-    runs on them (c gradient-factor evaluations per token, the window read from sequences with the carried tokens in
-    front), except with a channel-wise coefficient inside the window."""
-    par = spec.parallel
-    if par.kind == "minibatch" and par.readout == "chunk":
-        return (f"readout=chunk (docs/semantics.md: chunk readouts, {spec.retention.kind} retention) has no Triton "
-                "kernel yet: the fused recurrent kernel implements per-token readouts and the mini-batch kernels no "
-                "chunk readout")
+    """Why the fused recurrent kernels (and so every Triton kernel) do not print this spec (the kernels' spec: a chunk
+    readout's is its decay form, see `plan`), or "". The Omega rule runs on them (c gradient-factor evaluations per
+    token, the window read from sequences with the carried tokens in front), except with a channel-wise coefficient
+    inside the window."""
     whys = []
     channel = [n for n in window_coefficients(spec, grad) if spec.gate_channels().get(n)]
     if channel:

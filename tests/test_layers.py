@@ -40,10 +40,11 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    """The layer of `module`: the longest prefix listed wins (mirasc.lab.x is the lab, plain mirasc the face)."""
-    best = max((len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-               if module == prefix or module.startswith(prefix + "."))
-    return best[1]
+    """The layer of `module` (None: no layer lists it): the longest prefix listed wins (mirasc.lab.x is the lab,
+    plain mirasc the face)."""
+    best = max(((len(prefix), i) for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    return None if best is None else best[1]
 
 
 def imports() -> dict[str, set[str]]:

@@ -6,6 +6,7 @@ linted module.
 from __future__ import annotations
 
 import ast
+import functools
 import types
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ..runtime import gpu_limits, layer_options, lm
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+@functools.cache
 def body(module: types.ModuleType) -> str:
     """`module`'s source from its first definition (or statement) after the docstring and the imports, with the
     comment lines right above it."""

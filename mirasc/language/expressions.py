@@ -40,18 +40,18 @@ class _Builder:
     """Walks an expression tree into SymPy: `walk` per node, `fold` for a long chain of one operator family."""
 
     def __init__(self, symbol: str | tuple[str, ...], err):
-        import sympy as sp
+        import sympy as sp  # here, not at import: `mirasc check` of a spec without expressions never loads SymPy
 
+        from .primitives import EXPRESSION_FUNCTIONS, apow
+
+        self.sp, self.functions, self.apow = sp, EXPRESSION_FUNCTIONS, apow
         self.names = (symbol,) if isinstance(symbol, str) else symbol
         self.per_head = self.names == S.HEAD_SYMBOLS
         self.symbols = {n: sp.Symbol(n, real=True) for n in self.names}
         self.err = err
 
     def walk(self, n):
-        import sympy as sp
-
-        from .primitives import EXPRESSION_FUNCTIONS, apow
-
+        sp, EXPRESSION_FUNCTIONS, apow = self.sp, self.functions, self.apow
         d = n.data
         if d == "number":
             return sp.Float(str(n.children[0])) if any(c in str(n.children[0]) for c in ".eE") \
@@ -97,8 +97,7 @@ class _Builder:
         raise self.err(n, f"unsupported expression form `{d}`")
 
     def fold(self, n):
-        import sympy as sp
-
+        sp = self.sp
         family, ops = _CHAIN[n.data], []
         while isinstance(n, Tree) and _CHAIN.get(n.data) == family:
             ops.append((n.data, n.children[1], n))
