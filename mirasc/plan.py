@@ -61,9 +61,10 @@ class Plan:
 
     @property
     def half_in_place(self) -> bool:
-        """16-bit q, k, v reach the delta family's chunk op as they are (its kernels read them in place)."""
-        return (self.dots == "input" and self.chunk_family == "delta" and not self.features
-                and self.kernels.spec.gate_channels().get("alpha") != "k")
+        """16-bit q, k, v reach the chunk op as they are (its kernels read them in place): the Hebbian write's, and
+        the delta family's with a decay per head."""
+        return (self.dots == "input" and not self.features and (self.chunk_family == "hebbian" or (
+            self.chunk_family == "delta" and self.kernels.spec.gate_channels().get("alpha") != "k")))
 
     @property
     def packed(self) -> bool:

@@ -33,6 +33,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 CHUNK_KERNELS = {"_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd"}
 WY_KERNELS = {"_wy_fwd", "_wy_bwd"}  # the delta rule's chunk preparation
 SCORES_KERNELS = {"_chunk_scores_fwd", "_chunk_scores_bwd"}  # a key-channel decay's scores
+LOG_DECAY_KERNELS = {"_log_decay_fwd", "_log_decay_bwd"}  # a key-channel decay's cumulative log-decays (no product)
 CASES = [
     # (spec, target, dk, dtype, algorithm, kernels that need a kept configuration without spills)
     # (bf16 inputs: every product of the per-head chunk kernels takes bf16 operands on the tensor cores, HGMMA on
@@ -78,8 +79,8 @@ MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 DELTA_KERNEL = "_flash_bwd_delta"  # the flash backward's δ (softmax and stick-breaking)
 MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
 # the delta family with a key-channel decay also launches the kernels of its chunk-local scores
-EXTRA_KERNELS = {"kda": {"_chunk_scores_fwd", "_chunk_scores_bwd"} | WY_KERNELS,
-                 "rwkv7": {"_chunk_scores_fwd", "_chunk_scores_bwd"},
+EXTRA_KERNELS = {"kda": SCORES_KERNELS | WY_KERNELS | LOG_DECAY_KERNELS,
+                 "rwkv7": SCORES_KERNELS | LOG_DECAY_KERNELS, "gla": LOG_DECAY_KERNELS,
                  "gated_deltanet": WY_KERNELS, "deltanet": WY_KERNELS}  # (per-head decay: the preparation kernels)
 
 
@@ -143,7 +144,9 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
         # the matrix instructions in the SASS: 16-bit operands on the tensor cores in every kept configuration (on
         # sm_90 HGMMA where a dot has 64 rows per warpgroup, HMMA on the 16-row sub-blocks of a key-channel decay)
         for r in rows:
-            if r["kept"] is not False:  # the five chunk kernels and the key-channel delta rule's scores kernels
+            if r["kernel"] in LOG_DECAY_KERNELS:  # a cumulative sum: no product, no spill
+                assert not r["mma"] and r["spill_bytes"] == 0, f"{r['kernel']}: {r['mma']} {r['spill_bytes']} B"
+            elif r["kept"] is not False:  # the five chunk kernels and the key-channel delta rule's scores kernels
                 kinds = set(r["mma"])
                 assert kinds and all(k.endswith(".BF16") for k in kinds), f"{r['kernel']} {r['config']}: {kinds}"
                 assert target == "sm_90" or not any(k.startswith("HGMMA") for k in kinds)

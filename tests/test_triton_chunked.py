@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from test_triton_recurrent import assert_compiled_matches_eager, rel
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import mirasc
 
@@ -166,6 +168,50 @@ def test_chunk_op_compiles_without_graph_breaks(T, dtype):
         return o, final["W"]
 
     assert_compiled_matches_eager(run, q, k, v, gates, state)
+
+
+class _FullSizeAllocations(TorchDispatchMode):
+    """Records every torch op outside the module's custom ops (the kernels) that returns a new tensor of at least
+    `size` elements: a copy, cast or temporary the size of q, k or v between the launches."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size, self.seen = size, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace != "mirasc":
+            given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                     if isinstance(t, torch.Tensor)}
+            if any(isinstance(t, torch.Tensor) and t.numel() >= self.size
+                   and t.untyped_storage().data_ptr() not in given for t in tree_flatten(out)[0]):
+                self.seen.append(str(func))
+        return out
+
+
+@pytest.mark.parametrize("name", ["retnet", "mamba2", "gla"])
+def test_hebbian_op_reads_16bit_inputs_in_place(name):
+    """bf16 [B, T, H, D] inputs with T a whole number of chunks run the Hebbian write's one op, which reads q, k, v
+    in place and forms U = η v in the scan: between the launches no torch op makes a tensor the size of q, k or v
+    (no fp32 copies, no transposing copies, no casts of gradients), forward or backward; the outputs and gradients
+    agree with the same inputs widened to float32."""
+    mod = compile_named(name)
+    q, k, v, gates, state = inputs(mod, 2, 32, 2, 16, 16, dtype=torch.bfloat16)
+    leaves = [q, k, v, *gates.values()]
+    for t in leaves:
+        t.requires_grad_(True)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    with _FullSizeAllocations(q.numel()) as forward:
+        o, _ = mod.apply(q, k, v, gates, state=state, backend="triton", chunk_size=16)
+    with _FullSizeAllocations(q.numel()) as backward:
+        grads = torch.autograd.grad(o, leaves, do)
+    assert forward.seen == [] and backward.seen == [], (forward.seen, backward.seen)
+    assert o.dtype == torch.bfloat16 and all(g.dtype == t.dtype for g, t in zip(grads, leaves))
+    wide = [t.detach().float().requires_grad_(True) for t in leaves]
+    ref, _ = mod.apply(*wide[:3], dict(zip(gates, wide[3:])), state=state, backend="triton", chunk_size=16)
+    assert rel(o, ref) < 1e-2
+    for g, r in zip(grads, torch.autograd.grad(ref, wide, do.float())):
+        assert rel(g, r) < 2e-2
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "retnet", "ttt_linear"])
