@@ -139,11 +139,40 @@ def test_small_alpha_is_stable(name):
     assert all(e == e for e in errors.values())  # no NaN
 
 
-def test_bf16_inputs():
+@pytest.mark.parametrize("name,shape", [("kda", (1, 37, 1, 16, 12)), ("gla", (1, 48, 2, 16, 12))],
+                         ids=["kda_padded", "gla_in_place"])
+def test_bf16_inputs(name, shape):
     """bf16 inputs (bf16 operands and fp32 accumulation in every product; outputs and input gradients come back in
     bf16) against the float64 reference on the unrounded inputs: the error, about 5e-3 on the interpreter, is the
-    rounding of the inputs, operands, outputs and gradients to bf16 (8 bits of mantissa)."""
-    compare("kda", (1, 37, 1, 16, 12), chunk=16, dtype=torch.bfloat16, tol=2e-2)
+    rounding of the inputs, operands, outputs and gradients to bf16 (8 bits of mantissa). GLA at T = 48, three
+    whole chunks: the Hebbian op reads q, k, v as the [B, T, H, D] tensors they are."""
+    compare(name, shape, chunk=16, dtype=torch.bfloat16, tol=2e-2)
+
+
+def test_log_decays_match_torch():
+    """The cumulative log-decays of a key-channel decay (the kernels _log_decay_fwd/_bwd) against torch's
+    log-clamp-cumsum and its autograd: α read through the [B, H, T, Dk] view of a [B, T, H, Dk] tensor (the layout
+    layers hand over), α = 0 on some channels (clamped at the smallest normal float, which passes no gradient),
+    chunks of 24 tokens in 32-row tiles, Dk = 20 over two 16-wide tiles' worth of columns, a last partial chunk."""
+    mod = module("gla")
+    B, T, H, Dk, n = 2, 53, 3, 20, 24
+    NT = -(-T // n)
+    a = 0.5 + 0.5 * torch.rand(B, T, H, Dk, generator=torch.Generator().manual_seed(0))
+    a[0, 3, 1, :5] = 0.0
+    a.requires_grad_(True)
+    alpha = a.transpose(1, 2)
+
+    def chunks(x):
+        return torch.nn.functional.pad(x, (0, 0, 0, NT * n - T)).unflatten(2, (NT, n))
+
+    g = mod._log_decays(alpha, n, NT, chunks)
+    ref = chunks(torch.log(alpha.clamp_min(torch.finfo(torch.float32).tiny))).cumsum(3)
+    assert g.shape == ref.shape and rel(g, ref) < 1e-6
+    w = torch.randn(g.shape, generator=torch.Generator().manual_seed(1))
+    (da,) = torch.autograd.grad((g * w).sum(), a)
+    (ref_da,) = torch.autograd.grad((ref * w).sum(), a)
+    assert rel(da, ref_da) < 1e-6
+    assert torch.equal(da[0, 3, 1, :5], torch.zeros(5))
 
 
 @pytest.mark.parametrize("name", ["hgrn2", "kda"])
@@ -175,12 +204,15 @@ def test_packed_sequences_in_one_launch(name):
         assert rel(a, b) < 1e-5
 
 
-def test_chunk_op_compiles_without_graph_breaks():
-    """The channel-decay variant is the same registered custom op (fake implementations, autograd)."""
+@pytest.mark.parametrize("T,dtype", [(20, torch.float32), (32, torch.bfloat16)], ids=["fp32_padded", "bf16_in_place"])
+def test_chunk_op_compiles_without_graph_breaks(T, dtype):
+    """The channel-decay variant runs registered custom ops (the Hebbian op and the log-decays: fake
+    implementations, autograd), also where 16-bit [B, T, H, D] inputs are read in place."""
     from test_triton_recurrent import assert_compiled_matches_eager
 
     mod = module("gla")
-    q, k, v, gates = make_inputs(CASES["gla"][1], 1, 20, 2, 16, 16, torch.float32, seed=1)
+    q, k, v, gates = make_inputs(CASES["gla"][1], 1, T, 2, 16, 16, torch.float32, seed=1)
+    q, k, v = (t.to(dtype) for t in (q, k, v))
     state = {"W": 0.3 * torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))}
     for t in (q, k, v, *gates.values()):
         t.requires_grad_(True)
