@@ -61,10 +61,15 @@ class Plan:
 
     @property
     def half_in_place(self) -> bool:
-        """16-bit q, k, v reach the chunk op as they are (its kernels read them in place): the Hebbian write's, and
-        the delta family's with a decay per head."""
-        return (self.dots == "input" and not self.features and (self.chunk_family == "hebbian" or (
-            self.chunk_family == "delta" and self.kernels.spec.gate_channels().get("alpha") != "k")))
+        """16-bit q, k, v reach the chunk op as they are (its kernels read them in place): the Hebbian write's, the
+        delta family's with a decay per head, and with a decay over key channels where the op runs the scores and
+        the preparation too (order=pre, the written key the read key)."""
+        if self.dots != "input" or self.features:
+            return False
+        spec = self.kernels.spec
+        sides = spec.gate_channels()
+        return self.chunk_family == "hebbian" or self.chunk_family == "delta" and (
+            sides.get("alpha") != "k" or spec.retention.order == "pre" and sides.get("eta") != "k")
 
     @property
     def packed(self) -> bool:

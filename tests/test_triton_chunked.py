@@ -189,12 +189,13 @@ class _FullSizeAllocations(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("name", ["retnet", "mamba2", "gla"])
-def test_hebbian_op_reads_16bit_inputs_in_place(name):
-    """bf16 [B, T, H, D] inputs with T a whole number of chunks run the Hebbian write's one op, which reads q, k, v
-    in place and forms U = η v in the scan: between the launches no torch op makes a tensor the size of q, k or v
-    (no fp32 copies, no transposing copies, no casts of gradients), forward or backward; the outputs and gradients
-    agree with the same inputs widened to float32."""
+@pytest.mark.parametrize("name", ["retnet", "mamba2", "gla", "kda", "gated_deltanet"])
+def test_chunk_op_reads_16bit_inputs_in_place(name):
+    """bf16 [B, T, H, D] inputs with T a whole number of chunks run one op that reads q, k, v in place: the Hebbian
+    write's (U = η v formed in the scan), the key-channel delta rule's (scores, preparation and scan, the key's and
+    g's gradients added up inside the kernels) and the per-head delta rule's. Between the launches no torch op makes
+    a tensor the size of q, k or v (no fp32 copies, no transposing copies, no casts or additions of gradients),
+    forward or backward; the outputs and gradients agree with the same inputs widened to float32."""
     mod = compile_named(name)
     q, k, v, gates, state = inputs(mod, 2, 32, 2, 16, 16, dtype=torch.bfloat16)
     leaves = [q, k, v, *gates.values()]

@@ -45,6 +45,9 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale,
              "wy_kernels": family == "delta" and sides.get("alpha") != "k",  # the preparation as kernels
              "wy_scores": family == "delta" and sides.get("alpha") == "k",  # (on the scores kernels' P)
+             # with order=pre and the written key the read key: scores, preparation and scan as one op
+             "wy_fused": (family == "delta" and sides.get("alpha") == "k" and r.kind == "decay" and r.order == "pre"
+                          and sides.get("eta") != "k"),
              "features": features}  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
