@@ -3,7 +3,8 @@ memories whose update is affine in the state — Hebbian (dot bias), the delta r
 step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
 l2 — with none/decay retention. One set of kernels serves all four (a state
 scan over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
-only in the chunk-local torch preparation, which autograd differentiates. A decay over key channels
+only in the chunk-local preparation: kernels for the delta rule (and the Hebbian write's U = η v inside the
+scan, each path one op reading 16-bit inputs in place), torch that autograd differentiates for the others. A decay over key channels
 (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same kernels with the log-decay per key channel:
 the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
 lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
