@@ -10,7 +10,7 @@ import functools
 import types
 from pathlib import Path
 
-from ..runtime import gpu_limits, layer_options, lm
+from ..runtime import custom_ops, gpu_limits, layer_options, lm
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -39,6 +39,11 @@ def layer_checks_source() -> str:
 def gpu_limits_source() -> str:
     """The shared-memory table and its lookup (mirasc.runtime.gpu_limits) that autotuned kernel sections carry."""
     return body(gpu_limits)
+
+
+def custom_ops_source() -> str:
+    """The custom-op registration (mirasc.runtime.custom_ops) that the sections registering kernel ops carry."""
+    return body(custom_ops)
 
 
 def lm_source() -> str:

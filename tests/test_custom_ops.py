@@ -1,0 +1,66 @@
+"""The runtime's custom-op registration (mirasc/runtime/custom_ops.py), whose body the emitted modules carry: an op
+and its backward op, their fake implementations and the autograd formula, registered once per name."""
+
+from __future__ import annotations
+
+import torch
+
+from mirasc.runtime.custom_ops import _register_op
+
+
+def _scale_op(op_id):
+    """y = 3 x ∘ s, with the backward (dx = 3 s ∘ dy, ds = 3 x ∘ dy) as an op of its own."""
+    calls = []
+
+    def op(x: torch.Tensor, s: torch.Tensor) -> list[torch.Tensor]:
+        calls.append("fwd")
+        return [3 * x * s]
+
+    def op_fake(x, s):
+        return [torch.empty_like(x)]
+
+    def backward_op(x: torch.Tensor, s: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:
+        calls.append("bwd")
+        return [3 * s * dy, 3 * x * dy]
+
+    def backward_fake(x, s, dy):
+        return [torch.empty_like(x), torch.empty_like(s)]
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, backward_op, grads_out):
+        x, s = ctx.saved_tensors
+        return tuple(backward_op(x, s, grads_out[0]))
+
+    return _register_op("scale", op_id, op, op_fake, backward_op, backward_fake, setup_context, backward), calls
+
+
+def test_forward_backward_and_one_registration_per_name():
+    op, calls = _scale_op("test_a1")
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    s = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    (y,) = op(x, s)
+    assert torch.equal(y, 3 * x.detach() * s.detach())
+    dx, ds = torch.autograd.grad(y.sum(), (x, s))
+    assert torch.equal(dx, 3 * s.detach()) and torch.equal(ds, 3 * x.detach())
+    assert calls == ["fwd", "bwd"]
+    assert callable(torch.ops.mirasc.scale_test_a1) and callable(torch.ops.mirasc.scale_bwd_test_a1)
+    # a module compiled twice: the op registered first, not a second registration of the second one's functions
+    again, again_calls = _scale_op("test_a1")
+    assert again is torch.ops.mirasc.scale_test_a1
+    assert torch.equal(again(x, s)[0], y) and again_calls == [] and calls == ["fwd", "bwd", "fwd"]
+
+
+def test_compiles_without_graph_breaks():
+    op, _ = _scale_op("test_b1")
+    x = torch.randn(4, requires_grad=True)
+    s = torch.randn(4, requires_grad=True)
+    compiled = torch.compile(lambda x, s: op(x, s)[0].sum(), backend="aot_eager", fullgraph=True)
+    dx, ds = torch.autograd.grad(compiled(x, s), (x, s))
+    assert torch.allclose(dx, 3 * s.detach()) and torch.allclose(ds, 3 * x.detach())
+
+
+def test_none_without_custom_ops(monkeypatch):
+    monkeypatch.delattr(torch.library, "custom_op")
+    assert _scale_op("test_c1")[0] is None
