@@ -61,15 +61,9 @@ class Plan:
 
     @property
     def half_in_place(self) -> bool:
-        """16-bit q, k, v reach the chunk op as they are (its kernels read them in place): the Hebbian write's, the
-        delta family's with a decay per head, and with a decay over key channels where the op runs the scores and
-        the preparation too (order=pre, the written key the read key)."""
-        if self.dots != "input" or self.features:
-            return False
-        spec = self.kernels.spec
-        sides = spec.gate_channels()
-        return self.chunk_family == "hebbian" or self.chunk_family == "delta" and (
-            sides.get("alpha") != "k" or spec.retention.order == "pre" and sides.get("eta") != "k")
+        """16-bit q, k, v reach the chunk family's one op as they are (its kernels read them in place)."""
+        return (self.dots == "input" and not self.features
+                and one_chunk_op(self.kernels.spec, self.chunk_family or ""))
 
     @property
     def packed(self) -> bool:
@@ -294,6 +288,19 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
         return "minibatch"
     return None
+
+
+def one_chunk_op(spec: S.Spec, family: str) -> bool:
+    """Whether a chunk family's whole path (preparation and scan, forward and backward) is one op on q, k, v as they
+    are given: the Hebbian write; the delta rule with a decay per head; with a decay over key channels where the
+    op runs the scores too (order=pre, the written key the read key). (For chunks of a power of two >= 16 rows.)"""
+    sides = spec.gate_channels()
+    if family == "hebbian":
+        return True
+    if family != "delta":
+        return False
+    r = spec.retention
+    return sides.get("alpha") != "k" or (r.kind == "decay" and r.order == "pre" and sides.get("eta") != "k")
 
 
 def minibatch_reason(spec: S.Spec) -> str | None:

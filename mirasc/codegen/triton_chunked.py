@@ -3,9 +3,10 @@ memories whose update is affine in the state — Hebbian (dot bias), the delta r
 step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
 l2 — with none/decay retention. One set of kernels serves all four (a state
 scan over chunks per Dv tile and an output kernel parallel over chunks; their reverse); the families differ
-only in the chunk-local preparation: kernels for the delta rule (and the Hebbian write's U = η v inside the
-scan, each path one op reading 16-bit inputs in place), torch that autograd differentiates for the others. A decay over key channels
-(alpha=gate(k): GLA, HGRN2, KDA) selects a variant of the same kernels with the log-decay per key channel:
+only in the chunk-local preparation: kernels for the delta rule, U = η v formed in the scan for the Hebbian
+write (each of these paths one op that reads 16-bit inputs in place: plan.one_chunk_op), torch that autograd
+differentiates for the others. A decay over key channels (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of
+the same kernels with the log-decay per key channel (its cumulative sums from the kernels _log_decay_fwd/_bwd):
 the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
 lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
 WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and write (k) directions differ, presents
@@ -24,6 +25,7 @@ import hashlib
 from pathlib import Path
 
 from ..language import spec as S
+from ..plan import one_chunk_op
 from .directives import preprocess
 from .standalone import custom_ops_source, gpu_limits_source
 
@@ -46,9 +48,8 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale,
              "wy_kernels": family == "delta" and sides.get("alpha") != "k",  # the preparation as kernels
              "wy_scores": family == "delta" and sides.get("alpha") == "k",  # (on the scores kernels' P)
-             # with order=pre and the written key the read key: scores, preparation and scan as one op
-             "wy_fused": (family == "delta" and sides.get("alpha") == "k" and r.kind == "decay" and r.order == "pre"
-                          and sides.get("eta") != "k"),
+             # a key-channel decay's scores, preparation and scan as one op (plan.one_chunk_op)
+             "wy_fused": family == "delta" and sides.get("alpha") == "k" and one_chunk_op(spec, family),
              "features": features}  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
