@@ -64,3 +64,29 @@ def test_compiles_without_graph_breaks():
 def test_none_without_custom_ops(monkeypatch):
     monkeypatch.delattr(torch.library, "custom_op")
     assert _scale_op("test_c1")[0] is None
+
+
+def test_an_op_returning_a_tuple_gets_one_cotangent_per_output():
+    def op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return 2 * x, x * x
+
+    def op_fake(x):
+        return torch.empty_like(x), torch.empty_like(x)
+
+    def backward_op(x: torch.Tensor, da: torch.Tensor, db: torch.Tensor) -> torch.Tensor:
+        return 2 * da + 2 * x * db
+
+    def backward_fake(x, da, db):
+        return torch.empty_like(x)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, backward_op, da, db):
+        return backward_op(ctx.saved_tensors[0], da, db)
+
+    pair = _register_op("pair", "test_d1", op, op_fake, backward_op, backward_fake, setup_context, backward)
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    a, b = pair(x)
+    (dx,) = torch.autograd.grad(a.sum() + 5 * b.sum(), x)
+    assert torch.allclose(dx, 2 + 10 * x.detach())

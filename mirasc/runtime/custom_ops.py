@@ -8,7 +8,8 @@ import torch
 def _register_op(kind, op_id, forward, forward_fake, backward, backward_fake, save, grads):
     """The ops `mirasc::<kind>_<op_id>` (`forward`, annotated with the op's schema) and `mirasc::<kind>_bwd_<op_id>`
     (`backward`), their fake implementations, and the autograd formula: `save(ctx, inputs, output)` keeps what the
-    backward reads, `grads(ctx, backward_op, grads_out)` returns one gradient (or None) per input. None where torch
+    backward reads, `grads(ctx, backward_op, *grads_out)` returns one gradient (or None) per input (`grads_out`: one
+    list for an op returning a list, one cotangent per element of a tuple). None where torch
     has no custom ops; an op registered before (the same spec compiled twice: `op_id` is the spec's hash) is
     returned as it was registered."""
     if not hasattr(torch.library, "custom_op"):
@@ -20,5 +21,5 @@ def _register_op(kind, op_id, forward, forward_fake, backward, backward_fake, sa
     op.register_fake(forward_fake)
     backward_op = torch.library.custom_op(f"mirasc::{kind}_bwd_{op_id}", mutates_args=())(backward)
     backward_op.register_fake(backward_fake)
-    op.register_autograd(lambda ctx, grads_out: grads(ctx, backward_op, grads_out), setup_context=save)
+    op.register_autograd(lambda ctx, *grads_out: grads(ctx, backward_op, *grads_out), setup_context=save)
     return op
