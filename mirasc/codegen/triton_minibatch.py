@@ -53,7 +53,6 @@ from ..language import spec as S
 from ..plan import minibatch_reason
 from . import triton_minibatch_stream as stream
 from .directives import preprocess
-from .standalone import custom_ops_source
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
@@ -98,8 +97,7 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay", "features": features}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
-            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch)
-            .replace("{{CUSTOM_OPS}}", custom_ops_source().rstrip("\n")))
+            .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
 
 
 class _DualForm:

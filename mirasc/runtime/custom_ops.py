@@ -1,6 +1,6 @@
 """A kernel path registered as a torch custom op whose backward is an op of its own (a runtime piece: its body is
-copied into the emitted modules that launch Triton kernels, by mirasc.codegen.standalone). Registered ops are what
-torch.compile traces through (their fake implementations) without a graph break."""
+copied, once per module, into the emitted modules that launch Triton kernels, by mirasc.codegen.standalone).
+Registered ops are what torch.compile traces through (their fake implementations) without a graph break."""
 
 import torch
 
