@@ -100,6 +100,9 @@ class Plan:
         lines.append(f"Triton kernels: {s['triton']}" + (f" ({self.no_triton})" if not self.triton else ""))
         if s["dots"]:
             lines.append(f"16-bit dots: {DOTS[s['dots']]}")
+        if self.half_in_place:
+            lines.append("16-bit q, k, v: read in place by one op (as the [B, T, H, D] tensors given, T a whole "
+                         "number of chunks)")
         return lines
 
 

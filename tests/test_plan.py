@@ -103,4 +103,7 @@ def test_describe_gives_every_reason():
     assert lines[1].startswith("Triton kernels: none (") and "Newton–Schulz" in lines[1]
     lines = compiled("gated_deltanet").plan.describe()
     assert lines == ["chunked algorithm: delta", "Triton kernels: recurrent + chunked delta",
-                     "16-bit dots: 16-bit operands on the tensor cores, fp32 accumulation"]
+                     "16-bit dots: 16-bit operands on the tensor cores, fp32 accumulation",
+                     "16-bit q, k, v: read in place by one op (as the [B, T, H, D] tensors given, T a whole number "
+                     "of chunks)"]
+    assert not any(line.startswith("16-bit q, k, v") for line in compiled("titans").plan.describe())
