@@ -165,7 +165,7 @@ def test_log_decays_match_torch():
     def chunks(x):
         return torch.nn.functional.pad(x, (0, 0, 0, NT * n - T)).unflatten(2, (NT, n))
 
-    g = mod._log_decays(alpha, n, NT, chunks)
+    g = mod._log_decays(alpha, n, NT)
     ref = chunks(torch.log(alpha.clamp_min(torch.finfo(torch.float32).tiny))).cumsum(3)
     assert g.shape == ref.shape and rel(g, ref) < 1e-6
     w = torch.randn(g.shape, generator=torch.Generator().manual_seed(1))
