@@ -7,7 +7,7 @@ only in the chunk-local preparation: kernels for the delta rule, U = η v formed
 write (each of these paths one op that reads 16-bit inputs in place: plan.one_chunk_op), torch that autograd
 differentiates for the others. A decay over key channels (alpha=gate(k): GLA, HGRN2, KDA) selects a variant of
 the same kernels with the log-decay per key channel (its cumulative sums from the kernels _log_decay_fwd/_bwd):
-the chunk-parallel ones take one 16-row sub-block per program and never evaluate an exponent above 0;
+the chunk's scores computed once in 16-row sub-blocks, never evaluating an exponent above 0;
 lr=gate(k) only scales the written key in the preparation. The generalized delta transition solves its chunk's
 WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and write (k) directions differ, presents
 each token to the kernels as two rows, an erase row and a write row with the same decay (the template's header).
