@@ -191,7 +191,7 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
     m, r = spec.memory, spec.retention
     if d.positive_domain:
         scale = f"c = {S.format_value(r.c)}" if r.kind == "kl" else "1"
-        lines = [f"    Weights are positive (the retention needs log W): each row is {scale}·softmax(0.5·N(0, 1))."]
+        lines = [f"    Weights are positive (the retention needs log W): each row is {scale}·softmax(3·N(0, 1))."]
     elif m.kind == "linear":
         lines = ["    Linear memory: W = 0 (an empty memory)."]
     else:
