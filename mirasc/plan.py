@@ -52,9 +52,12 @@ class Plan:
     def dots(self) -> str:
         """How the dots of 16-bit inputs multiply (docs/semantics.md, "Numerics"): "input" (16-bit operands on the
         tensor cores: the chunk kernels of per-head and key-channel decays), "tf32" (the momentum delta scans, the
-        build a GPU run verified) or "ieee" (exact fp32: chunk readouts, the mini-batch MLP kernels)."""
+        build a GPU run verified), "split" (the MLP memories' mini-batch kernels: fp32 operands as two bf16 parts,
+        Triton's bf16x3) or "ieee" (exact fp32: chunk readouts)."""
         if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch"):
             return "input"
+        if self.triton and not self.chunk_readout and self.minibatch:
+            return "split"
         if self.triton and not self.chunk_readout and self.chunk_family == "momentum":
             return "tf32"
         return "ieee"
@@ -107,6 +110,7 @@ class Plan:
 
 
 DOTS = {"input": "16-bit operands on the tensor cores, fp32 accumulation", "tf32": "TF32 on the tensor cores",
+        "split": "fp32 operands as two bf16 parts each on the tensor cores (about 16 bits), fp32 accumulation",
         "ieee": "fp32 (exact products)"}
 FLASH = ("flash", "stickbreaking")
 

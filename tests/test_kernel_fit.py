@@ -69,18 +69,22 @@ CASES = [
     # a 2416 B stack (ptxas: 2500 B of spill stores), measured with the sm_80 ptxas of Triton 3.9)
     ("sparse_lp", "sm_80", 128, "float32", "recurrent", set()),
     # the streamed mini-batch (dual-form) kernels of an MLP memory at D = 128, E = 512, C = 64
-    ("titans", "sm_90", 128, "bfloat16", "chunked", {"_minibatch_stream_fwd"}),
+    ("titans", "sm_90", 128, "bfloat16", "chunked", {"_minibatch_stream_fwd", "_minibatch_stream_fwd_end",
+                                                      "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}),
 ]
 KERNELS = {"chunked": CHUNK_KERNELS,
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 # the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
 BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7"}
+# and those whose fp32 operands go to the tensor cores as two bf16 parts each (HALF_DOTS = "split": bf16x3)
+BF16_SPLIT_SPECS = {"titans"}
 # pointers each chunk kernel reads in every variant: 16-aligned at the traced launch, so specialized as on a GPU
 SPECIALIZED = {"_chunk_state_fwd": {"K", "G"}, "_chunk_output_fwd": {"Q", "G"}, "_chunk_du_local_bwd": {"DO", "DU"},
                "_chunk_state_bwd": {"K", "G"}, "_chunk_grads_bwd": {"K", "G"}}
 MOMENTUM_KERNELS = {"_mom_state_fwd", "_mom_state_bwd"}
 DELTA_KERNEL = "_flash_bwd_delta"  # the flash backward's δ (softmax and stick-breaking)
-MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_bwd_a", "_minibatch_stream_bwd_b"}
+MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_fwd_end", "_minibatch_stream_bwd_a",
+                     "_minibatch_stream_bwd_b"}
 # a key-channel decay also launches the kernels of its cumulative log-decays and of its chunk-local scores (the
 # output's; the delta family's preparation's, and their backward)
 EXTRA_KERNELS = {"kda": SCORES_KERNELS | WY_KERNELS | LOG_DECAY_KERNELS,
@@ -144,7 +148,7 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
             lengths = {"T", "TT"} if spec == "stickbreaking" else {"Tq", "Tk"}
             assert {"Q", "K", "V"} | lengths <= set(hints["divisible_by_16"]), f"{r['kernel']}: {hints}"
             assert {"sqd", "skd", "svd"} <= set(hints["equal_to_1"]), f"{r['kernel']}: {hints}"
-    if spec in BF16_OPERAND_SPECS and dtype != "float32" and algorithm == "chunked":
+    if spec in BF16_OPERAND_SPECS | BF16_SPLIT_SPECS and dtype != "float32" and algorithm == "chunked":
         # the matrix instructions in the SASS: 16-bit operands on the tensor cores in every kept configuration (on
         # sm_90 HGMMA where a dot has 64 rows per warpgroup, HMMA on the 16-row sub-blocks of a key-channel decay)
         for r in rows:

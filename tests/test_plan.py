@@ -40,7 +40,7 @@ BUNDLED = {
     "moneta": ("minibatch", "mini-batch per chunk", "ieee"),
     "moneta_token": ("minibatch", "recurrent", "ieee"),
     "mta": ("query_blocks", "none", ""),
-    "omega_yaad": ("minibatch", "recurrent + mini-batch", "ieee"),
+    "omega_yaad": ("minibatch", "recurrent + mini-batch", "split"),
     "precond_gated_deltanet": ("delta", "recurrent + chunked delta", "input"),
     "precond_kda": ("delta", "recurrent + chunked delta", "input"),
     "retnet": ("minibatch", "recurrent + chunked hebbian", "input"),
@@ -49,11 +49,11 @@ BUNDLED = {
     "sliding_window": ("query_blocks", "flash", ""),
     "sparse_lp": ("minibatch", "recurrent", "ieee"),
     "stickbreaking": ("query_blocks", "stickbreaking", ""),
-    "titans": ("minibatch", "recurrent + mini-batch", "ieee"),
+    "titans": ("minibatch", "recurrent + mini-batch", "split"),
     "transformer": ("query_blocks", "flash", ""),
     "ttt_linear": ("minibatch", "recurrent + chunked minibatch", "input"),
-    "ttt_mlp": ("minibatch", "recurrent + mini-batch", "ieee"),
-    "yaad": ("minibatch", "recurrent + mini-batch", "ieee"),
+    "ttt_mlp": ("minibatch", "recurrent + mini-batch", "split"),
+    "yaad": ("minibatch", "recurrent + mini-batch", "split"),
 }
 
 

@@ -247,6 +247,7 @@ def test_packed_sequences_in_one_launch(name):
 # (chunk readouts, the mini-batch MLP kernels) runs exact fp32 dots.
 INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS)
 TF32_VERIFIED = {"momentum_deltanet"}
+SPLIT_DOTS = {"titans"}  # fp32 operands as two bf16 parts (the MLP memories' mini-batch kernels)
 
 
 class _Launched(Exception):
@@ -276,9 +277,11 @@ def test_dot_precision_policy(name, monkeypatch):
         ex = {"extras": {n: k for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
         with pytest.raises(_Launched):
             mod.apply(q, k, v, gates, state=mod.init_state(1, 1, 8, 8), backend="triton", algorithm="chunked", **ex)
-    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["tf32"] * 2 if name in TF32_VERIFIED else ["ieee"] * 2)
+    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["tf32"] * 2 if name in TF32_VERIFIED
+                else ["bf16x3"] * 2 if name in SPLIT_DOTS else ["ieee"] * 2)
     assert seen == expected + ["ieee"]
-    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "tf32" if name in TF32_VERIFIED else "ieee")
+    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "tf32" if name in TF32_VERIFIED
+                             else "split" if name in SPLIT_DOTS else "ieee")
 
 
 # 16-bit inputs on the tensor cores (docs/semantics.md "Numerics"): every product of the chunk kernels takes operands

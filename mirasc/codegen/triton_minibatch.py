@@ -69,7 +69,7 @@ def vector_inputs(spec: S.Spec) -> dict[str, str]:
 
 
 def _dot(a: str, b: str) -> str:
-    return f"tl.dot({a}, {b}, input_precision=PREC)"
+    return f"_mb_dot({a}, {b}, PREC)"
 
 
 def _tr(a: str) -> str:
@@ -114,7 +114,7 @@ class _DualForm:
         self.scal = {n: f"c_{n}" for n in self.scalars}
         self.W = [f"w{i}" for i in range(self.n_w)]
         self.tokens = {"k": ("k", "k"), "v": ("v", "v"), **{n: (f"c_{n}", side) for n, side in self.vecs.items()}}
-        self.plain = tile_matmul("PREC")  # a matmul on the anchor weights
+        self.plain = tile_matmul(_dot)  # a matmul on the anchor weights
 
     def dual(self, op, i, w, h):
         """A matmul on each token's own weights, (2)."""

@@ -38,17 +38,21 @@ each pair (L, R) of ∂ℓ/∂W_t = Σ L_t R_tᵀ from the read's reverse graph:
 (tl.debug_barrier) separates them. Everything is printed from the IR graphs `memory_forward`,
 `memory_grad` and their `ir.vjp`, so any depth, activation, norm, residual and bias is covered.
 
-Kernels: the forward is one kernel (a loop over the chunks). The backward is two kernels launched in turn
-per chunk, in reverse order (emit_backward): A (the factors, the read's reverse, the chunk end's reverse)
-and B (the factors' reverse into k, v, the gates and dW_0); the chunk-to-chunk cotangent lives in the dW_0
-output buffers. One kernel held ~650 lines of stages and took ptxas 85-185 s; the halves take < 60 s.
+Kernels: the forward is two kernels launched in turn per chunk (emit_forward): the read and the chunk end. The
+backward is two kernels launched in turn per chunk, in reverse order (emit_backward): A (the factors, the read's
+reverse, the chunk end's reverse) and B (the factors' reverse into k, v, the gates and dW_0); the chunk-to-chunk
+cotangent lives in the dW_0 output buffers. One kernel held ~650 lines of stages and took ptxas 85-185 s; the
+halves take < 60 s.
 
 Schedule choices that keep registers in check (measured with the AOT compile for sm_90, D = 128):
   * addresses are (scalar base + tile offset) + an invariant [rows, cols] offset tensor, so no per-use
     pointer tensor is hoisted out of the chunk loop (that alone kept dozens live: 255 registers, spills);
   * temporaries are renamed per stage (Triton refuses a name re-assigned with another tile shape in a loop);
   * γ ∘ (H W_0ᵀ) + b ∘ (H S_0ᵀ) = (γ ∘ H) W_0ᵀ + (b ∘ H) S_0ᵀ: row scales commute, one accumulator;
-  * tile width 16 and 8 warps by default: Titans' forward at D = 128 then needs 232 registers, no spill.
+  * tile width 16 and 8 warps by default; the chunk end (its own kernel: in the read's kernel its products
+    spilled) on row tiles of 4 column tiles and 4 warps: with 16-row products every warp held the whole
+    [16, C] operand, in two bf16 parts (bf16x3), and it spilled on its own too. Titans at D = 128 on sm_90 in
+    bf16: the read 112 registers, the chunk end 224, the backward halves 234 and 135, no spill.
 
 Cost: the same flops as the single-tile kernels plus re-reading each matmul's input once per output
 tile, from L2. Scratch per (batch, head) ≈ (number of IR vectors) · C · n floats: 1 MB (forward) and
@@ -60,11 +64,12 @@ of E across programs).
 from __future__ import annotations
 
 import copy
+import re
 from collections import Counter
 
 from .. import ir
 from .triton_printing import SIZE, Unsupported, jit_kernel
-from .triton_stream_printer import TILE, GraphPrinter, Lines, Scratch, dot, ld, st, wload, wstore
+from .triton_stream_printer import AR, TILE, GraphPrinter, Lines, Scratch, dot, ld, st, wload, wstore
 
 
 def check(spec) -> None:
@@ -73,6 +78,7 @@ def check(spec) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- kernels
+WIDE = 4  # schedule: the chunk end's row tiles, in column tiles (_chunk_end)
 CONSTS = ("T, Nk, Nv, Ne, NCH, SSTR, NC: tl.constexpr, BC: tl.constexpr, TK: tl.constexpr, TV: tl.constexpr, "
           "TE: tl.constexpr, PREC: tl.constexpr")
 
@@ -148,19 +154,18 @@ def _factors(em, scr, wdims, grad, coef_order, vecs, anchors, mom_anchors, mom):
 
 def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
                  vecs: dict[str, str]) -> tuple[str, str]:
-    """(kernel source, scratch floats per program as a Python expression in Nk, Nv, Ne, BC). `vecs`: the
-    channel-wise coefficients the gradient graph reads as token vectors (name -> side)."""
+    """(both kernels' source, scratch floats per program as a Python expression in Nk, Nv, Ne, BC). Two kernels
+    per chunk, launched in turn for chunks 0 .. NCH-1 (CC = the chunk), the torch glue having copied the initial
+    state into CKW[0]: the read (the chunk's gradient factors at its anchor CKW[CC], the read through the dual form,
+    the outputs) and the chunk end (1), which writes CKW[CC + 1] from the factors the read left in scratch. The
+    chunk end's products have few rows ([T, C] × [C, T] per weight tile), so in the read's kernel its tensor-core
+    operands were held once per warp on top of the read's registers and spilled. `vecs`: the channel-wise
+    coefficients the gradient graph reads as token vectors (name -> side)."""
     mom = spec.learner.kind == "momentum"
     wdims = spec.weight_dims()
     em, scr = Lines(), Scratch()
     _prologue(em)
-    for i, wd in enumerate(wdims):  # the first anchor is the initial state
-        _copy_weight(em, wd, f"W{i}_in + bh * {SIZE[wd[0]]} * {SIZE[wd[1]]}", _ck(f"CKW{i}", wd, "0"))
-        if mom:
-            _copy_weight(em, wd, f"S{i}_in + bh * {SIZE[wd[0]]} * {SIZE[wd[1]]}", _ck(f"CKS{i}", wd, "0"))
-    em.barrier()
-    em("for ci in range(NCH):")
-    em.ind += 1
+    em("ci = CC")
     _chunk_coefs(em, mom)
     anchors = [_ck(f"CKW{i}", wd, "ci") for i, wd in enumerate(wdims)]
     mom_anchors = [_ck(f"CKS{i}", wd, "ci") for i, wd in enumerate(wdims)]
@@ -168,29 +173,51 @@ def emit_forward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
     out = _Printer(em, scr, wdims, anchors, mom_anchors, facs, mom).run(forward, {"x": _tokens("Q", "k")})
     em("# the read's outputs")
     _copy_tokens(em, "v", out["y"], _tokens("O", "v"))
-    em("# the chunk end (1): W_n = g W_0 + b_n S_0 + (Δ ∘ k_n)ᵀ X per weight tile")
+    end = Lines()
+    _prologue(end)
+    end("ci = CC")
+    _chunk_coefs(end, mom)
+    end("# the chunk end (1): W_n = g W_0 + b_n S_0 + (Δ ∘ k_n)ᵀ X per weight tile, Δ and X from the read's scratch")
     for i, wd in enumerate(wdims):
-        dl, x = facs[i]
-
-        def end(i=i, wd=wd, dl=dl, x=x):
-            em(f"_d = {ld(dl, 'j')}", f"_x = {ld(x, 'i')}", f"_w = {wload(anchors[i], wd, 'j', 'i')}")
-            if mom:
-                em(f"_s = {wload(mom_anchors[i], wd, 'j', 'i')}",
-                   wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"gl * _w + bl * _s + {dot('tl.trans(_d * kl[:, None])', '_x')}"),
-                   wstore(_ck(f"CKS{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"thl * _s + {dot('tl.trans(_d * kml[:, None])', '_x')}"))
-            else:
-                em(wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
-                          f"gl * _w + {dot('tl.trans(_d * kl[:, None])', '_x')}"))
-        _each_tile(em, wd, end)
-    em.barrier()
-    em.ind -= 1
+        with end.stage():
+            _chunk_end(end, wd, facs[i], anchors[i], mom_anchors[i], i, mom)
     ptrs = ["Q", "K", "V", "C", *[f"G_{n}" for n in vecs], "KMAT", "GAM", "BM", "KL", "KML", "SC", "O"]
     for i in range(len(wdims)):
-        ptrs += [f"W{i}_in", f"S{i}_in", f"CKW{i}", f"CKS{i}"]
-    return jit_kernel("_minibatch_stream_fwd", ", ".join(ptrs + ["SCR"]) + ", " + CONSTS, em.lines), \
-        Scratch.expr(scr.used)
+        ptrs += [f"CKW{i}", f"CKS{i}"]
+    params = ", ".join(ptrs + ["SCR", "CC"]) + ", " + CONSTS
+    src = jit_kernel("_minibatch_stream_fwd", params, em.lines) + "\n" + \
+        jit_kernel("_minibatch_stream_fwd_end", params, end.lines)
+    return src, Scratch.expr(scr.used)
+
+
+def _chunk_end(em: Lines, wd, fac, w0: str, s0: str, i: int, mom: bool) -> None:
+    """W_n = g W_0 + b_n S_0 + (Δ ∘ k_n)ᵀ X (and S_n = Θ_n S_0 + (Δ ∘ k_n^m)ᵀ X) over the tiles of weight i. Its
+    products contract the chunk's C rows into a [rows, T] tile: with T rows, every warp of an mma layout holds
+    the whole [T, C] operand, so the rows are WIDE tiles at once (64 rows for T = 16: one warpgroup's HGMMA), where
+    the weight has distinct row and column dimensions."""
+    rows, cols = wd
+    wide = rows != cols
+    step = f"{WIDE} * {TILE[rows]}" if wide else TILE[rows]
+    ar = AR[rows] + "w" if wide else AR[rows]
+    if wide:
+        em(f"{ar} = tl.arange(0, {step})")
+
+    def rowwise(line: str) -> str:  # the row dimension's lanes as the wide tile's
+        return re.sub(rf"\b{AR[rows]}\b", ar, line) if wide else line
+
+    dl, x = fac
+    with em.loop(rows, "j", step):
+        with em.loop(cols, "i"):
+            em(rowwise(f"_d = {ld(dl, 'j')}"), f"_x = {ld(x, 'i')}", rowwise(f"_w = {wload(w0, wd, 'j', 'i')}"))
+            if mom:
+                em(rowwise(f"_s = {wload(s0, wd, 'j', 'i')}"),
+                   rowwise(wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
+                                  f"gl * _w + bl * _s + {dot('tl.trans(_d * kl[:, None])', '_x')}")),
+                   rowwise(wstore(_ck(f"CKS{i}", wd, "ci + 1"), wd, "j", "i",
+                                  f"thl * _s + {dot('tl.trans(_d * kml[:, None])', '_x')}")))
+            else:
+                em(rowwise(wstore(_ck(f"CKW{i}", wd, "ci + 1"), wd, "j", "i",
+                                  f"gl * _w + {dot('tl.trans(_d * kl[:, None])', '_x')}")))
 
 
 def emit_backward(spec, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],

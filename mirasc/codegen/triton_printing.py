@@ -33,12 +33,12 @@ def indent(lines: list[str], depth: int = 1) -> list[str]:
     return ["    " * depth + line for line in lines]
 
 
-def tile_matmul(precision: str):
+def tile_matmul(dot):
     """The `matmul` printer of `graph_lines` for [BC, n] token tiles: layer/linear (h ↦ h Wᵀ) and
-    linear_t (d ↦ d W) as tl.dot; `precision` is the Triton expression for its input_precision."""
+    linear_t (d ↦ d W) as `dot(a, b)`, the kernel family's product."""
     def matmul(op, i, w, h):
         rhs = f"tl.trans({w})" if op in ("layer", "linear") else w
-        return f"tl.dot({h}, {rhs}, input_precision={precision})"
+        return dot(h, rhs)
     return matmul
 
 

@@ -22,7 +22,7 @@ from .triton_printing import SIZE, graph_lines, indent, row, rows, tile_matmul
 
 BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
 
-tile_matmul_ieee = tile_matmul('"ieee"')  # the recurrent kernels' batched factors: full fp32 products
+tile_matmul_ieee = tile_matmul(lambda a, b: f'tl.dot({a}, {b}, input_precision="ieee")')  # full fp32 products
 
 
 def batched_factors(spec: S.Spec) -> int:

@@ -24,7 +24,7 @@ AR = {"k": "tk", "v": "tv", "e": "te"}
 
 
 def dot(a: str, b: str) -> str:
-    return f"tl.dot({a}, {b}, input_precision=PREC)"
+    return f"_mb_dot({a}, {b}, PREC)"
 
 
 class Scratch:
@@ -84,8 +84,8 @@ class Lines:
         return f"{base}{self.n}"
 
     @contextmanager
-    def loop(self, dim: str, var: str):
-        self(f"for {var} in range(0, {SIZE[dim]}, {TILE[dim]}):")
+    def loop(self, dim: str, var: str, step: str | None = None):
+        self(f"for {var} in range(0, {SIZE[dim]}, {step or TILE[dim]}):")
         self.ind += 1
         yield
         self.ind -= 1
