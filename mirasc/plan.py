@@ -52,11 +52,11 @@ class Plan:
     def dots(self) -> str:
         """How the dots of 16-bit inputs multiply (docs/semantics.md, "Numerics"): "input" (16-bit operands on the
         tensor cores: the chunk kernels of per-head and key-channel decays), "tf32" (the momentum delta scans, the
-        build a GPU run verified), "split" (the MLP memories' mini-batch kernels: fp32 operands as two bf16 parts,
-        Triton's bf16x3) or "ieee" (exact fp32: chunk readouts)."""
+        build a GPU run verified), "split" (the MLP memories' mini-batch kernels, chunk readouts included: fp32
+        operands as two bf16 parts, Triton's bf16x3) or "ieee" (exact fp32: the linear memories' chunk readouts)."""
         if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch"):
             return "input"
-        if self.triton and not self.chunk_readout and self.minibatch:
+        if self.triton and self.minibatch:
             return "split"
         if self.triton and not self.chunk_readout and self.chunk_family == "momentum":
             return "tf32"

@@ -247,7 +247,7 @@ def test_packed_sequences_in_one_launch(name):
 # (chunk readouts, the mini-batch MLP kernels) runs exact fp32 dots.
 INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS)
 TF32_VERIFIED = {"momentum_deltanet"}
-SPLIT_DOTS = {"titans"}  # fp32 operands as two bf16 parts (the MLP memories' mini-batch kernels)
+SPLIT_DOTS = {"titans", "moneta", "memora"}  # fp32 operands as two bf16 parts (the MLP memories' mini-batch kernels)
 
 
 class _Launched(Exception):

@@ -253,7 +253,7 @@ def test_schedule_choice():
 # interpreter computes the same three products exactly). Judged as the chunk kernels are: against the float64
 # recurrence on the same 16-bit inputs, every output and gradient within 3 unit roundoffs (relative RMS error) and
 # within 3x the error of the module's own torch path.
-@pytest.mark.parametrize("name", ["titans", "yaad"])
+@pytest.mark.parametrize("name", ["titans", "yaad", "moneta", "memora"])
 def test_bf16_inputs_split_products(name, monkeypatch):
     mod = compile_named(name)
     monkeypatch.setattr(mod, "MINIBATCH_SCHEDULE", "stream")
