@@ -5,35 +5,44 @@ from __future__ import annotations
 
 
 def preprocess(text: str, flags: dict[str, bool]) -> str:
-    out, stack = [], []  # stack of (branch_taken, active)
-    for line in text.splitlines():
+    """`text` with the branches `flags` do not take removed. A malformed template (a directive out of place, an
+    unknown directive or flag, an `# @if` never closed) raises ValueError naming the template line."""
+    out, stack = [], []  # one [branch taken, active, line of its # @if, seen # @else] per open # @if
+    for number, line in enumerate(text.splitlines(), 1):
         s = line.strip()
-        if s.startswith("# @"):
-            word, _, arg = s[3:].partition(" ")
-            if word == "if":
-                val = _flag(arg, flags)
-                stack.append((val, val))
-            elif word == "elif":
-                taken, _ = stack.pop()
-                val = (not taken) and _flag(arg, flags)
-                stack.append((taken or val, val))
-            elif word == "else":
-                taken, _ = stack.pop()
-                stack.append((True, not taken))
-            elif word == "endif":
-                stack.pop()
-            else:
-                raise ValueError(f"unknown template directive {s}")
+        if not s.startswith("# @"):
+            if all(frame[1] for frame in stack):
+                out.append(line)
             continue
-        if all(active for _, active in stack):
-            out.append(line)
+        word, _, arg = s[3:].partition(" ")
+        where = f"template line {number}: {s!r}"
+        if word == "if":
+            val = _flag(arg, flags, where)
+            stack.append([val, val, number, False])
+            continue
+        if word not in ("elif", "else", "endif"):
+            raise ValueError(f"{where}: unknown directive (# @if, # @elif, # @else, # @endif)")
+        if not stack:
+            raise ValueError(f"{where}: no open # @if")
+        frame = stack[-1]
+        if word == "endif":
+            stack.pop()
+        elif frame[3]:
+            raise ValueError(f"{where}: after the # @else of the # @if on line {frame[2]}")
+        elif word == "elif":
+            val = _flag(arg, flags, where) and not frame[0]
+            frame[0], frame[1] = frame[0] or val, val
+        else:
+            frame[0], frame[1], frame[3] = True, not frame[0], True
     if stack:
-        raise ValueError("unterminated # @if in template")
+        raise ValueError(f"template line {stack[-1][2]}: # @if without # @endif")
     return "\n".join(out) + "\n"
 
 
-def _flag(arg: str, flags: dict[str, bool]) -> bool:
+def _flag(arg: str, flags: dict[str, bool], where: str) -> bool:
     arg = arg.strip()
-    if arg.startswith("not "):
-        return not flags[arg[4:].strip()]
-    return flags[arg]
+    negate = arg.startswith("not ")
+    name = arg[4:].strip() if negate else arg
+    if name not in flags:
+        raise ValueError(f"{where}: unknown flag {name!r}")
+    return not flags[name] if negate else flags[name]
