@@ -284,3 +284,17 @@ def test_bf16_inputs_split_products(name, monkeypatch):
         err = rel(a.double(), r)
         assert err < 3 * 2.0 ** -8, (label, err)
         assert err < 3 * rel(b.double(), r), (label, err, rel(b.double(), r))
+
+
+def test_split_products_need_a_triton_with_bf16x3(monkeypatch):
+    """bf16x3 came in Triton 3.5: an older Triton's GPU launch multiplies exactly ("ieee"); the interpreter always
+    computes the three products by hand."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    mod = compile_named("titans")
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    assert mod._mb_launch_prec("bf16x3") == "bf16x3" and mod._mb_launch_prec("ieee") == "ieee"
+    monkeypatch.setattr(CUDAOptions, "allowed_dot_input_precisions", ("tf32", "tf32x3", "ieee"))
+    assert mod._mb_launch_prec("bf16x3") == "ieee"
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
+    assert mod._mb_launch_prec("bf16x3") == "bf16x3_emulated"
