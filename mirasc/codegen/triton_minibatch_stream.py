@@ -52,7 +52,7 @@ Schedule choices that keep registers in check (measured with the AOT compile for
   * tile width 16 and 8 warps by default; the chunk end (its own kernel: in the read's kernel its products
     spilled) on row tiles of 4 column tiles and 4 warps: with 16-row products every warp held the whole
     [16, C] operand, in two bf16 parts (bf16x3), and it spilled on its own too. Titans at D = 128 on sm_90 in
-    bf16: the read 112 registers, the chunk end 224, the backward halves 234 and 135, no spill.
+    bf16 (maxnreg 255): the read 164 registers, the chunk end 252, the backward halves 234 and 202, no spill.
 
 Cost: the same flops as the single-tile kernels plus re-reading each matmul's input once per output
 tile, from L2. Scratch per (batch, head) ≈ (number of IR vectors) · C · n floats: 1 MB (forward) and
