@@ -51,15 +51,14 @@ class Plan:
     @property
     def dots(self) -> str:
         """How the dots of 16-bit inputs multiply (docs/semantics.md, "Numerics"): "input" (16-bit operands on the
-        tensor cores: the chunk kernels of per-head and key-channel decays), "tf32" (the momentum delta scans, the
-        build a GPU run verified), "split" (the MLP memories' mini-batch kernels, chunk readouts included: fp32
-        operands as two bf16 parts, Triton's bf16x3) or "ieee" (exact fp32: the linear memories' chunk readouts)."""
-        if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch"):
+        tensor cores: the chunk kernels of per-head and key-channel decays, the momentum delta scans), "split" (the
+        MLP memories' mini-batch kernels, chunk readouts included: fp32 operands as two bf16 parts, Triton's bf16x3)
+        or "ieee" (exact fp32: the linear memories' chunk readouts)."""
+        if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch",
+                                                                             "momentum"):
             return "input"
         if self.triton and self.minibatch:
             return "split"
-        if self.triton and not self.chunk_readout and self.chunk_family == "momentum":
-            return "tf32"
         return "ieee"
 
     @property
@@ -109,7 +108,7 @@ class Plan:
         return lines
 
 
-DOTS = {"input": "16-bit operands on the tensor cores, fp32 accumulation", "tf32": "TF32 on the tensor cores",
+DOTS = {"input": "16-bit operands on the tensor cores, fp32 accumulation",
         "split": "fp32 operands as two bf16 parts each on the tensor cores (about 16 bits), fp32 accumulation",
         "ieee": "fp32 (exact products)"}
 FLASH = ("flash", "stickbreaking")

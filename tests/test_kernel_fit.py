@@ -48,8 +48,10 @@ CASES = [
     ("kda", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
     # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
     ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
-    # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept)
+    # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept; bf16
+    # operands on HMMA, the chunk's 16-row sub-blocks)
     ("momentum_deltanet", "sm_90", 128, "float32", "chunked", {"_mom_state_fwd", "_mom_state_bwd"}),
+    ("momentum_deltanet", "sm_80", 128, "bfloat16", "chunked", {"_mom_state_fwd", "_mom_state_bwd"}),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the flash kernels' tiles pruned for sm_80 (fixed 64 x 64 tiles spilled in bf16 and did not fit in fp32)
     ("transformer", "sm_80", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv", "_flash_bwd_dq"}),
@@ -75,7 +77,7 @@ CASES = [
 KERNELS = {"chunked": CHUNK_KERNELS,
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 # the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
-BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7"}
+BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7", "momentum_deltanet"}
 # and those whose fp32 operands go to the tensor cores as two bf16 parts each (HALF_DOTS = "split": bf16x3)
 BF16_SPLIT_SPECS = {"titans"}
 # pointers each chunk kernel reads in every variant: 16-aligned at the traced launch, so specialized as on a GPU

@@ -36,7 +36,7 @@ BUNDLED = {
     "memn2n": ("query_blocks", "none", ""),
     "memora": ("minibatch", "mini-batch per chunk", "split"),
     "memora_token": ("minibatch", "recurrent", "ieee"),
-    "momentum_deltanet": ("momentum_delta", "recurrent + chunked momentum", "tf32"),
+    "momentum_deltanet": ("momentum_delta", "recurrent + chunked momentum", "input"),
     "moneta": ("minibatch", "mini-batch per chunk", "split"),
     "moneta_token": ("minibatch", "recurrent", "ieee"),
     "mta": ("query_blocks", "none", ""),

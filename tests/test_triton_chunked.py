@@ -18,7 +18,7 @@ import mirasc
 
 triton = pytest.importorskip("triton")
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
-RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0)}
+RANGES = {"eta": (0.05, 0.5), "alpha": (0.8, 1.0), "theta": (0.5, 0.95)}
 # The linear memories the kernels cover; every other parametric spec must say it has none (below).
 CHUNK_SPECS = ["deltanet", "gated_deltanet", "linear_attention", "longhorn", "mamba2", "retnet", "ttt_linear"]
 # with a decay over key channels (alpha=gate(k)): tests/test_triton_channel_chunks.py
@@ -242,11 +242,10 @@ def test_packed_sequences_in_one_launch(name):
 
 
 # How fp16/bf16 inputs' dots multiply (docs/semantics.md "Numerics"): 16-bit operands on the tensor cores in the
-# chunk kernels (per-head and key-channel decays); TF32 only in the builds a GPU run verified (benchmarks/RESULTS.md
-# "GPU", 2026-12-04: the other TF32 builds crashed, hung or were wrong on an H200 with Triton 3.6); every other build
-# (chunk readouts, the mini-batch MLP kernels) runs exact fp32 dots.
-INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS)
-TF32_VERIFIED = {"momentum_deltanet"}
+# chunk kernels (per-head and key-channel decays, the momentum delta scans); fp32 operands as two bf16 parts in the
+# MLP memories' mini-batch kernels; every other build (the linear memories' chunk readouts) runs exact fp32 dots.
+INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS
+                 + PRECOND_CHUNK_SPECS)
 SPLIT_DOTS = {"titans", "moneta", "memora"}  # fp32 operands as two bf16 parts (the MLP memories' mini-batch kernels)
 
 
@@ -277,11 +276,9 @@ def test_dot_precision_policy(name, monkeypatch):
         ex = {"extras": {n: k for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
         with pytest.raises(_Launched):
             mod.apply(q, k, v, gates, state=mod.init_state(1, 1, 8, 8), backend="triton", algorithm="chunked", **ex)
-    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["tf32"] * 2 if name in TF32_VERIFIED
-                else ["bf16x3"] * 2 if name in SPLIT_DOTS else ["ieee"] * 2)
+    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["bf16x3"] * 2 if name in SPLIT_DOTS else ["ieee"] * 2)
     assert seen == expected + ["ieee"]
-    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "tf32" if name in TF32_VERIFIED
-                             else "split" if name in SPLIT_DOTS else "ieee")
+    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "split" if name in SPLIT_DOTS else "ieee")
 
 
 # 16-bit inputs on the tensor cores (docs/semantics.md "Numerics"): every product of the chunk kernels takes operands
@@ -295,11 +292,14 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "longhorn", "ttt_linear", "comba", "kda", "rwkv7"])
+@pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "longhorn", "ttt_linear", "comba", "kda", "rwkv7",
+                                  "momentum_deltanet"])
 def test_half_inputs_round_only_operands(name, dtype):
     mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
     assert mod._dot_precision(torch.empty(0, dtype=dtype)) == ("bf16" if dtype == torch.bfloat16 else "fp16")
     q, k, v, gates, state = inputs(mod, 1, 40, 1, 32, 24, dtype=dtype)
+    if "S_W" in mod.init_state(1, 1, 32, 24):  # (momentum: a non-zero initial velocity too)
+        state["S_W"] = 0.1 * torch.randn(state["W"].shape, generator=torch.Generator().manual_seed(2))
     gates = {n: g.to(dtype).float() for n, g in gates.items()}  # gates the 16-bit run and the reference share
     w = torch.randn(1, 40, 1, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     kw = {} if getattr(mod, "MINIBATCH", None) else {"chunk_size": 16}
@@ -307,21 +307,21 @@ def test_half_inputs_round_only_operands(name, dtype):
     def run(to, backend, algorithm, **kw):
         leaves = [t.detach().to(to).requires_grad_() for t in (q, k, v, *gates.values())]
         extras = {"extras": {n: leaves[1] for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
-        s = {"W": state["W"].to(torch.float64 if to == torch.float64 else torch.float32)}
+        s = {n: x.to(torch.float64 if to == torch.float64 else torch.float32) for n, x in state.items()}
         o, final = mod.apply(*leaves[:3], dict(zip(gates, leaves[3:])), state=s, backend=backend,
                              algorithm=algorithm, **extras, **kw)
         (o.double() * w).sum().backward()
-        return [o, final["W"], *(t.grad for t in leaves)]
+        return [o, *(final[n] for n in state), *(t.grad for t in leaves)]
 
     ref = run(torch.float64, "torch", "recurrent")
     fast = run(dtype, "triton", "chunked", **kw)
     edges = run(dtype, "torch", "chunked", **kw)
     assert fast[0].dtype == dtype
-    names = ["o", "W", "dq", "dk", "dv", *(f"d{n}" for n in gates)]
-    for label, a, b, r in zip(names, fast, edges, ref):
+    names = ["o", *state, "dq", "dk", "dv", *(f"d{n}" for n in gates)]
+    for label, a, b, r in zip(names, fast, edges, ref, strict=True):
         err = rel(a.double(), r)
         assert err < 3 * UNIT_ROUNDOFF[dtype], (label, err)
-        if label != "W":  # (the torch path's state is fp32 throughout: no 16-bit error to compare with)
+        if label not in state:  # (the torch path's state is fp32 throughout: no 16-bit error to compare with)
             assert err < 3 * rel(b.double(), r), (label, err, rel(b.double(), r))
 
 
