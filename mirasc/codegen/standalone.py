@@ -15,11 +15,25 @@ from ..runtime import custom_ops, gpu_limits, layer_options, lm
 TEMPLATES = Path(__file__).parent / "templates"
 
 
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
+
+
 @functools.cache
 def body(module: types.ModuleType) -> str:
     """`module`'s source from its first definition (or statement) after the docstring and the imports, with the
     comment lines right above it."""
-    text = Path(module.__file__).read_text(encoding="utf-8")
+    return _body(Path(module.__file__).read_text(encoding="utf-8"))
+
+
+@functools.cache
+def kernels_source(name: str) -> str:
+    """The Triton kernels of mirasc/runtime/kernels/`name`.py (read, not imported: emitting needs no triton), to
+    paste inside an emitted module's `if triton is not None:` block: indented by four spaces."""
+    text = _body((RUNTIME / "kernels" / f"{name}.py").read_text(encoding="utf-8"))
+    return "".join(f"    {line}" if line.strip() else line for line in text.splitlines(True))
+
+
+def _body(text: str) -> str:
     for node in ast.parse(text).body:
         docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         if not docstring and not isinstance(node, (ast.Import, ast.ImportFrom)):

@@ -27,7 +27,7 @@ from pathlib import Path
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .directives import preprocess
-from .standalone import gpu_limits_source
+from .standalone import gpu_limits_source, kernels_source
 
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
 
@@ -54,4 +54,6 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "features": features}  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
-            .replace("{{GPU_LIMITS}}", gpu_limits_source().rstrip("\n")))
+            .replace("{{GPU_LIMITS}}", gpu_limits_source().rstrip("\n"))
+            .replace("{{CHUNK_DOTS}}\n", kernels_source("dots"))
+            .replace("{{MOMENTUM_SCANS}}\n", kernels_source("momentum")))

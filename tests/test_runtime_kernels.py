@@ -1,0 +1,156 @@
+"""The Triton kernels that live as real modules (mirasc/runtime/kernels/), imported and launched directly under the
+interpreter, against float64 torch written from their contracts; and that the emitted modules carry them
+verbatim (mirasc.codegen.standalone.kernels_source).
+
+- dots.py: `_chunk_dot` for each PREC — exact fp32 ("ieee"), bf16 operands rounded to nearest, split bf16
+  (hi·hi + lo·hi + hi·lo), always accumulating in fp32.
+- momentum.py: the momentum delta rule's scans over [W, S] (docs/semantics.md, the momentum learner): the
+  forward's chunk states, u and final state, and the reverse scan against torch autograd of the same recurrence.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from mirasc.codegen.standalone import kernels_source  # noqa: E402
+from mirasc.compiler import compile_text  # noqa: E402
+from mirasc.runtime.kernels import dots, momentum  # noqa: E402
+
+f64 = torch.float64
+
+
+def _bf16(x):  # round to nearest bf16, as the GPU's conversion (and the kernels' interpreter path) does
+    return x.to(torch.bfloat16).to(f64)
+
+
+@triton.jit
+def _dot_probe(A, B, C, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, PREC: tl.constexpr):
+    rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(A + rm[:, None] * K + rk[None, :])
+    b = tl.load(B + rk[:, None] * N + rn[None, :])
+    tl.store(C + rm[:, None] * N + rn[None, :], dots._chunk_dot(a, b, PREC))
+
+
+@pytest.mark.parametrize("prec", ["ieee", "bf16_widened", "bf16x2_widened"])
+def test_chunk_dot_rounds_only_its_operands(prec):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 32, generator=g), torch.randn(32, 16, generator=g)
+    out = torch.empty(16, 16)
+    _dot_probe[(1,)](a, b, out, 16, 32, 16, PREC=prec)
+    a64, b64 = a.double(), b.double()
+    if prec == "ieee":
+        want = a64 @ b64
+    elif prec == "bf16_widened":
+        want = _bf16(a64) @ _bf16(b64)
+    else:  # the lo·lo product dropped
+        ah, bh = _bf16(a64), _bf16(b64)
+        want = ah @ bh + _bf16(a64 - ah) @ bh + ah @ _bf16(b64 - bh)
+    assert (out.double() - want).abs().max() < 1e-5 * want.abs().max()
+    if prec != "ieee":  # and the rounding is really there: exact products differ by about a bf16 unit
+        assert (out.double() - a64 @ b64).abs().max() > 1e-7 * want.abs().max()
+
+
+def _scan(kw, ks, wkw, wks, u, mix, w0, s0, BT, rnd):
+    """(3) of the momentum delta rule chunk by chunk in float64: the chunk states, u and the final [W, S]; `rnd`
+    rounds each product's operands (the kernels' PREC)."""
+    NT = kw.shape[2] // BT
+    w, s, ckw, cks, uu = w0, s0, [], [], []
+    for c in range(NT):
+        rows = slice(c * BT, (c + 1) * BT)
+        ckw.append(w)
+        cks.append(s)
+        uc = rnd(wkw[:, :, rows]) @ rnd(w).transpose(-1, -2) + rnd(wks[:, :, rows]) @ rnd(s).transpose(-1, -2)
+        uc = uc - u[:, :, rows]
+        uu.append(uc)
+        fa, fc, ft = (mix[:, :, c, i, None, None] for i in range(3))
+        w, s = (fa * w + fc * s - rnd(uc).transpose(-1, -2) @ rnd(kw[:, :, rows]),
+                ft * s - rnd(uc).transpose(-1, -2) @ rnd(ks[:, :, rows]))
+    return w, s, torch.stack(ckw, 2), torch.stack(cks, 2), torch.cat(uu, 2)
+
+
+def _inputs(B, H, T, Dk, Dv, NT, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=0.3):
+        return scale * torch.randn(*shape, generator=g, dtype=f64)
+
+    mix = 0.5 + 0.5 * torch.rand(B, H, NT, 3, generator=g, dtype=f64)
+    return [r(B, H, T, Dk), r(B, H, T, Dk), r(B, H, T, Dk), r(B, H, T, Dk), r(B, H, T, Dv), mix, r(B, H, Dv, Dk),
+            r(B, H, Dv, Dk)]
+
+
+# (B, H, Dk, Dv, chunk rows BT, chunks): padded key lanes (Dk = 20 in BK = 32), two Dv tiles of 16 (one partial),
+# two 16-row sub-blocks per chunk
+SHAPE = (2, 1, 20, 20, 32, 3)
+
+
+@pytest.mark.parametrize("prec", ["ieee", "bf16_widened"])
+def test_momentum_scans_against_float64(prec):
+    B, H, Dk, Dv, BT, NT = SHAPE
+    T = BT * NT
+    args = _inputs(B, H, T, Dk, Dv, NT)
+    rnd = (lambda x: x) if prec == "ieee" else _bf16
+    leaves = [a.clone().requires_grad_() for a in args]
+    want = _scan(*leaves, BT, rnd)
+    f32 = [a.float().contiguous() for a in args]
+    got = [torch.empty(B, H, T, Dv), torch.empty(B, H, Dv, Dk), torch.empty(B, H, Dv, Dk),
+           torch.empty(B, H, NT, Dv, Dk), torch.empty(B, H, NT, Dv, Dk)]  # uu, W, S, CKW, CKS
+    momentum._mom_state_fwd[(triton.cdiv(Dv, 16), B * H)](*f32, *got, T, Dk, Dv, BT=BT, BK=32, BV=16, BC=16,
+                                                          PREC=prec)
+    uu, w_final, s_final, ckw, cks = got
+    for name, a, b in zip(("W", "S", "CKW", "CKS", "u"), (w_final, s_final, ckw, cks, uu), want[:2] + want[2:]):
+        err = (a.double() - b.detach()).norm() / b.detach().norm()
+        assert err < 1e-5, (name, prec, err)
+
+    # the reverse scan: the cotangents of every chunk's state, of u and of the initial state; its float64
+    # reference is checked against autograd of the forward (exact products), and the kernel against it
+    g = torch.Generator().manual_seed(1)
+    cot = [torch.randn(x.shape, generator=g, dtype=f64) for x in want]  # dW, dS (final), dCKW, dCKS, dUU
+    ref = _reverse(*args[:4], args[5], cot[2], cot[3], cot[4], cot[0], cot[1], BT, rnd)
+    if prec == "ieee":
+        torch.autograd.backward(list(want), cot)
+        uc = want[4].detach().view(B, H, NT, BT, Dv)
+        for name, a, b in (("dW_0", ref[3], leaves[6].grad), ("dS_0", ref[4], leaves[7].grad),
+                           ("dU", -ref[2], leaves[4].grad),  # and dK as the module's backward forms it
+                           ("dKW", -(uc @ ref[0]).view(B, H, T, Dk), leaves[0].grad)):
+            assert (a - b).norm() / b.norm() < 1e-12, name
+    got = [torch.empty(B, H, NT, Dv, Dk), torch.empty(B, H, NT, Dv, Dk), torch.empty(B, H, T, Dv),
+           torch.empty(B, H, Dv, Dk), torch.empty(B, H, Dv, Dk)]  # dHW, dHS, dU, dW_0, dS_0
+    kw, ks, wkw, wks, _, mix = f32[:6]
+    momentum._mom_state_bwd[(triton.cdiv(Dv, 16), B * H)](
+        kw, ks, wkw, wks, mix, *(c.float().contiguous() for c in (cot[2], cot[3], cot[4], cot[0], cot[1])),
+        *got, T, Dk, Dv, BT=BT, BK=32, BV=16, BC=16, PREC=prec)
+    for name, a, b in zip(("dHW", "dHS", "dU", "dW_0", "dS_0"), got, ref):
+        err = (a.double() - b).norm() / b.norm()
+        assert err < 1e-5, (name, prec, err)
+
+
+def _reverse(kw, ks, wkw, wks, mix, dckw, dcks, duu, dw, ds, BT, rnd):
+    """The reverse of (3) in float64: with dw, ds the cotangents of the state after chunk c, per chunk from the
+    last: du = dUU - Kw dwᵀ - Ks dsᵀ, dw <- A dw + dCKW[c] + duᵀ Wkw, ds <- C dw + Θ ds + dCKS[c] + duᵀ Wks."""
+    NT = kw.shape[2] // BT
+    dhw, dhs, du = [None] * NT, [None] * NT, [None] * NT
+    for c in reversed(range(NT)):
+        rows = slice(c * BT, (c + 1) * BT)
+        dhw[c], dhs[c] = dw, ds
+        d = duu[:, :, rows] - rnd(kw[:, :, rows]) @ rnd(dw).transpose(-1, -2) - rnd(ks[:, :, rows]) @ rnd(
+            ds).transpose(-1, -2)
+        du[c] = d
+        fa, fc, ft = (mix[:, :, c, i, None, None] for i in range(3))
+        dw, ds = (fa * dw + dckw[:, :, c] + rnd(d).transpose(-1, -2) @ rnd(wkw[:, :, rows]),
+                  fc * dw + ft * ds + dcks[:, :, c] + rnd(d).transpose(-1, -2) @ rnd(wks[:, :, rows]))
+    return torch.stack(dhw, 2), torch.stack(dhs, 2), torch.cat(du, 2), dw, ds
+
+
+def test_emitted_modules_carry_the_runtime_kernels():
+    """The momentum spec's module carries the scans and the dot helpers as the runtime modules write them."""
+    source = compile_text("model m { memory = linear\n bias = l2\n retention = none\n"
+                          " learner = momentum(lr=gate, theta=gate) }").source
+    for name in ("dots", "momentum"):
+        text = kernels_source(name)
+        assert text in source and text.startswith(("    @triton.jit", "    # ---- Momentum")), name
