@@ -4,6 +4,9 @@ verbatim (mirasc.codegen.standalone.kernels_source).
 
 - dots.py: `_chunk_dot` for each PREC — exact fp32 ("ieee"), bf16 operands rounded to nearest, split bf16
   (hi·hi + lo·hi + hi·lo), always accumulating in fp32.
+- chunk_head.py, chunk_channel.py, chunk.py: the state scan (1) with one log-decay per head or per key channel,
+  with and without a second key block, and the output kernel (2), against (1)-(2) in float64 (the families'
+  kernels as a whole: tests/test_triton_chunked.py, test_triton_channel_chunks.py through the emitted modules).
 - momentum.py: the momentum delta rule's scans over [W, S] (docs/semantics.md, the momentum learner): the
   forward's chunk states, u and final state, and the reverse scan against torch autograd of the same recurrence.
 """
@@ -19,7 +22,7 @@ import triton.language as tl  # noqa: E402
 
 from mirasc.codegen.standalone import kernels_source  # noqa: E402
 from mirasc.compiler import compile_text  # noqa: E402
-from mirasc.runtime.kernels import dots, momentum  # noqa: E402
+from mirasc.runtime.kernels import chunk, chunk_channel, chunk_head, dots, momentum  # noqa: E402
 
 f64 = torch.float64
 
@@ -147,10 +150,70 @@ def _reverse(kw, ks, wkw, wks, mix, dckw, dcks, duu, dw, ds, BT, rnd):
     return torch.stack(dhw, 2), torch.stack(dhs, 2), torch.cat(du, 2), dw, ds
 
 
+def _chunk_reference(k, wk, u_in, g, w0, BT):
+    """(1) chunk by chunk in float64: per chunk W_0 (stored), u = Wk W_0ᵀ - U and W <- W_0 e^{g_n} - uᵀ (K ∘ e^{g_n -
+    g}), with g the chunk's cumulative log-decay, [T] per head or [T, Dk] per key channel."""
+    NT = k.shape[1] // BT
+    w, ckpt, uu = w0, [], []
+    for c in range(NT):
+        rows = slice(c * BT, (c + 1) * BT)
+        gc = g[:, rows] if g.dim() == 3 else g[:, rows, None]
+        ckpt.append(w)
+        u = wk[:, rows] @ w.transpose(-1, -2) - u_in[:, rows]
+        uu.append(u)
+        w = w * gc[:, -1:].exp() - u.transpose(-1, -2) @ (k[:, rows] * (gc[:, -1:] - gc).exp())
+    return w, torch.stack(ckpt, 1), torch.cat(uu, 1)
+
+
+@pytest.mark.parametrize("variant", ["head", "channel"])
+@pytest.mark.parametrize("two_k", [False, True], ids=["one-K-block", "two-K-blocks"])
+def test_chunk_state_scan_and_output_against_float64(variant, two_k):
+    BH, BT, NT, Dk, Dv = 2, 32, 3, 20, 20  # Dk = 20: padded lanes in one block of 32 or two of 16
+    T, BK = BT * NT, 16 if two_k else 32
+    g = torch.Generator().manual_seed(2)
+    k, wk, q = (torch.nn.functional.normalize(torch.randn(BH, T, Dk, generator=g, dtype=f64), dim=-1)
+                for _ in range(3))
+    u_in = torch.randn(BH, T, Dv, generator=g, dtype=f64)
+    w0 = 0.3 * torch.randn(BH, Dv, Dk, generator=g, dtype=f64)
+    shape = (BH, NT, BT) + ((Dk,) if variant == "channel" else ())
+    logs = torch.log(0.8 + 0.2 * torch.rand(shape, generator=g, dtype=f64))
+    gates = logs.cumsum(2).reshape(BH, T, *shape[3:])  # the cumulative log-decay, restarting every chunk
+    want_w, want_ckpt, want_uu = _chunk_reference(k, wk, u_in, gates, w0, BT)
+    f32 = dict(dtype=torch.float32)
+    uu, w_out, ckpt = torch.empty(BH, T, Dv, **f32), torch.empty(BH, Dv, Dk, **f32), torch.empty(BH, NT, Dv, Dk, **f32)
+    eta = torch.ones(BH, T, **f32)  # (read only when U is v as given: SCALE_U)
+    args = [x.float().contiguous() for x in (k, wk, u_in)] + [eta, gates.float().contiguous(), w0.float()]
+    common = dict(BT=BT, BK=BK, BV=16, TWO_K=two_k, HAS_WK=True, PREC="ieee", SCALE_U=False, TF=False)
+    if variant == "head":
+        chunk_head._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, **common)
+    else:
+        chunk_channel._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, BC=16, **common)
+    for name, a, b in (("W", w_out, want_w), ("W_0", ckpt, want_ckpt), ("u", uu, want_uu)):
+        assert (a.double() - b).norm() / b.norm() < 1e-5, (variant, name)
+    if variant == "head":  # (2): o = e^{g} ∘ (Q W_0ᵀ) - ((Q Kᵀ) ∘ D) u, D_ts = e^{g_t - g_s} for s <= t
+        o = torch.empty(BH, T, Dv, **f32)
+        chunk._chunk_output_fwd[(2, NT, BH)](q.float().contiguous(), args[0], uu, args[4], ckpt, o, T, Dk, Dv, 1,
+                                             BT=BT, BK=BK, BV=16, PREC="ieee", TF=False, CH=False)
+        qc, kc, gc = (x.view(BH, NT, BT, -1) for x in (q, k, gates.unsqueeze(-1)))
+        causal = torch.ones(BT, BT, dtype=torch.bool).tril()
+        d = torch.where(causal, (gc - gc.transpose(-1, -2)).exp(), 0.0)
+        want_o = gc.exp() * (qc @ want_ckpt.transpose(-1, -2)) - ((qc @ kc.transpose(-1, -2)) * d) @ want_uu.view(
+            BH, NT, BT, Dv)
+        assert (o.double() - want_o.reshape(BH, T, Dv)).norm() / want_o.norm() < 1e-5
+
+
 def test_emitted_modules_carry_the_runtime_kernels():
-    """The momentum spec's module carries the scans and the dot helpers as the runtime modules write them."""
-    source = compile_text("model m { memory = linear\n bias = l2\n retention = none\n"
-                          " learner = momentum(lr=gate, theta=gate) }").source
-    for name in ("dots", "momentum"):
-        text = kernels_source(name)
-        assert text in source and text.startswith(("    @triton.jit", "    # ---- Momentum")), name
+    """An emitted module carries the kernels it launches as the runtime modules write them (indented into its
+    `if triton is not None:` block), and no other family's."""
+    momentum_source = compile_text("model m { memory = linear\n bias = l2\n retention = none\n"
+                                   " learner = momentum(lr=gate, theta=gate) }").source
+    gdn_source = compile_text("model m { memory = linear\n bias = l2\n retention = decay(alpha=gate)\n"
+                              " learner = gd(lr=gate) }").source
+    for module, functions, source in (("dots", None, momentum_source), ("momentum", None, momentum_source),
+                                      ("dots", None, gdn_source), ("chunk_head", ("_chunk_state_fwd", "_wy_fwd"),
+                                                                   gdn_source),
+                                      ("chunk", ("_row", "_chunk_output_fwd"), gdn_source)):
+        for f in functions or (None,):
+            assert kernels_source(module, (f,) if f else None) in source, (module, f)
+    assert "def _mom_state_fwd" not in gdn_source and "def _chunk_scores_fwd" not in gdn_source
+    assert "def _chunk_output_fwd" not in momentum_source

@@ -26,11 +26,30 @@ def body(module: types.ModuleType) -> str:
 
 
 @functools.cache
-def kernels_source(name: str) -> str:
-    """The Triton kernels of mirasc/runtime/kernels/`name`.py (read, not imported: emitting needs no triton), to
-    paste inside an emitted module's `if triton is not None:` block: indented by four spaces."""
-    text = _body((RUNTIME / "kernels" / f"{name}.py").read_text(encoding="utf-8"))
-    return "".join(f"    {line}" if line.strip() else line for line in text.splitlines(True))
+def _kernel_module(name: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """The lines of mirasc/runtime/kernels/`name`.py (read, not imported: emitting needs no triton) and the span of
+    each top-level function in them (its decorators and the comment lines right above it included)."""
+    text = (RUNTIME / "kernels" / f"{name}.py").read_text(encoding="utf-8")
+    lines, spans = text.splitlines(True), {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            while first > 1 and lines[first - 2].startswith("#"):
+                first -= 1
+            spans[node.name] = (first, node.end_lineno)
+    return lines, spans
+
+
+def kernels_source(name: str, functions: tuple[str, ...] | None = None) -> str:
+    """The Triton functions `functions` (all, in file order, when None) of mirasc/runtime/kernels/`name`.py, to paste
+    inside an emitted module's `if triton is not None:` block: indented by four spaces, one blank line apart."""
+    lines, spans = _kernel_module(name)
+    missing = sorted(set(functions or ()) - set(spans))
+    if missing:
+        raise KeyError(f"mirasc/runtime/kernels/{name}.py defines no {', '.join(missing)}")
+    pieces = ("".join(lines[a - 1:b]) for a, b in (spans[f] for f in (functions or spans)))
+    return "\n".join("".join(f"    {line}" if line.strip() else line for line in piece.splitlines(True))
+                     for piece in pieces)
 
 
 def _body(text: str) -> str:

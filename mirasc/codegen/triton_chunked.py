@@ -1,4 +1,5 @@
-"""The chunked Triton kernel families (templates/triton_chunked.py.tmpl), forward and backward: linear
+"""The chunked Triton kernel families (their kernels: mirasc/runtime/kernels/; the host side:
+templates/triton_chunked.py.tmpl), forward and backward: linear
 memories whose update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit
 step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
 l2 — with none/decay retention. One set of kernels serves all four (a state
@@ -16,7 +17,8 @@ The momentum delta rule (l2, momentum, gates per head) is the exception: its sta
 chunk-parallel parts (outputs, gradients) as torch matmuls on the chunk states they store (the template's
 "Momentum delta rule" block).
 
-Nothing here is printed from the IR: the kernels are fixed text, selected by template flags.
+Nothing here is printed from the IR: the kernels are fixed, real modules, and `chunk_kernels_source` picks those a
+family launches.
 """
 
 from __future__ import annotations
@@ -55,5 +57,29 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
             .replace("{{GPU_LIMITS}}", gpu_limits_source().rstrip("\n"))
-            .replace("{{CHUNK_DOTS}}\n", kernels_source("dots"))
-            .replace("{{MOMENTUM_SCANS}}\n", kernels_source("momentum")))
+            .replace("{{CHUNK_DOTS}}\n", kernels_source("dots") + "\n")
+            .replace("{{CHUNK_KERNELS}}\n", chunk_kernels_source(family, flags) + "\n"))
+
+
+# the Triton functions of each part of a family's path, by their module under mirasc/runtime/kernels/
+SCANS = ("_chunk_state_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd")
+CHANNEL = SCANS + ("_log_decay_fwd", "_log_decay_bwd", "_chunk_scores_fwd", "_store_score_rows")
+HEAD_PREPARATION = ("_wy_scores", "_wy_decay", "_wy_fwd", "_wy_bwd")  # the delta rule's, per-head decay
+CHANNEL_PREPARATION = ("_wy_fwd", "_wy_bwd")  # on the key-channel scores
+
+
+def chunk_kernels_source(family: str, flags: dict[str, bool]) -> str:
+    """The Triton kernels a chunk family launches (and the functions they call), in launch-independent order: the
+    delta family's inverse; the momentum scans, or the shared row helper, one decay variant's scans and gradients
+    (with the scores kernels and the preparation where the family has them) and the output kernel."""
+    parts = [("chunk", ("_unit_lower_inverse",))] if flags["chunk_delta"] else []
+    if family == "momentum":
+        return "\n".join(kernels_source(m, f) for m, f in parts + [("momentum", None)])
+    parts.append(("chunk", ("_row",)))
+    if flags["ch_alpha"]:
+        parts.append(("chunk_channel", CHANNEL + (("_chunk_scores_bwd",) if flags["chunk_scores"] else ())
+                      + (CHANNEL_PREPARATION if flags["wy_scores"] else ())))
+    else:
+        parts.append(("chunk_head", SCANS + (HEAD_PREPARATION if flags["wy_kernels"] else ())))
+    parts.append(("chunk", ("_chunk_output_fwd",)))
+    return "\n".join(kernels_source(m, f) for m, f in parts)
