@@ -7,11 +7,16 @@ verbatim (mirasc.codegen.standalone.kernels_source).
 - chunk_head.py, chunk_channel.py, chunk.py: the state scan (1) with one log-decay per head or per key channel,
   with and without a second key block, and the output kernel (2), against (1)-(2) in float64 (the families'
   kernels as a whole: tests/test_triton_chunked.py, test_triton_channel_chunks.py through the emitted modules).
+- attention.py, flash.py: the causal flash forward (output and log-sum-exp) and the backward's δ, against softmax
+  attention in float64 (the flash and stick-breaking paths as a whole: tests/test_attention_triton.py,
+  test_stickbreaking.py).
 - momentum.py: the momentum delta rule's scans over [W, S] (docs/semantics.md, the momentum learner): the
   forward's chunk states, u and final state, and the reverse scan against torch autograd of the same recurrence.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +27,10 @@ import triton.language as tl  # noqa: E402
 
 from mirasc.codegen.standalone import kernels_source  # noqa: E402
 from mirasc.compiler import compile_text  # noqa: E402
-from mirasc.runtime.kernels import chunk, chunk_channel, chunk_head, dots, momentum  # noqa: E402
+from mirasc.runtime.kernels import attention, chunk, chunk_channel, chunk_head, dots, flash, momentum  # noqa: E402
 
 f64 = torch.float64
+SPECS = Path(__file__).resolve().parents[1] / "specs"
 
 
 def _bf16(x):  # round to nearest bf16, as the GPU's conversion (and the kernels' interpreter path) does
@@ -202,6 +208,36 @@ def test_chunk_state_scan_and_output_against_float64(variant, two_k):
         assert (o.double() - want_o.reshape(BH, T, Dv)).norm() / want_o.norm() < 1e-5
 
 
+@pytest.mark.parametrize("window", [0, 24], ids=["causal", "window-24"])
+def test_flash_forward_and_delta_against_float64(window):
+    B, H, T, D = 2, 2, 40, 24  # T and D not multiples of the 16-wide tiles (masked rows and lanes)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, H, T, D, generator=g, dtype=f64) for _ in range(3))
+    scale = D ** -0.5
+    t = torch.arange(T)
+    visible = (t[None, :] <= t[:, None]) & ((t[:, None] - t[None, :] < window) if window else True)
+    logits = torch.where(visible, scale * q @ k.transpose(-1, -2), float("-inf"))
+    want_o, want_lse = logits.softmax(-1) @ v, logits.logsumexp(-1)
+    q32, k32, v32 = (x.float().contiguous() for x in (q, k, v))
+    o, lse = torch.empty(B, H, T, D), torch.empty(B, H, T)
+
+    def strides(x):  # head, time, feature, batch: the kernels' (s?b, s?t, s?d, s?z)
+        return x.stride(1), x.stride(2), x.stride(3), x.stride(0)
+
+    s_q, s_k, s_v, s_o = (strides(x) for x in (q32, k32, v32, o))
+    flash._flash_fwd[(triton.cdiv(T, 16), B * H)](
+        q32, k32, v32, o, lse, lse, lse, lse, scale, T, T, T, T, H, D, D, *s_q[:3], *s_k[:3], *s_v[:3], *s_o[:3],
+        s_q[3], s_k[3], s_v[3], s_o[3], CAUSAL_=True, WINDOW_=window, DECAY_=False, VARLEN_=False, SINK_=False,
+        BM=16, BN=16, BDK=32, BDV=32, PREC="ieee", WIDEN_=False)
+    assert (o.double() - want_o).norm() / want_o.norm() < 1e-5
+    assert (lse.double() - want_lse).abs().max() < 1e-5 * want_lse.abs().max()
+    do = torch.randn(B, H, T, D, generator=g)
+    delta = torch.empty(B * H, T)
+    attention._flash_bwd_delta[(triton.cdiv(T, 16), B * H)](o, do, delta, T, H, D, *strides(o), *strides(do),
+                                                            BM=16, BDV=16)
+    assert torch.allclose(delta.view(B, H, T).double(), (o.double() * do.double()).sum(-1), atol=1e-5)
+
+
 def test_emitted_modules_carry_the_runtime_kernels():
     """An emitted module carries the kernels it launches as the runtime modules write them (indented into its
     `if triton is not None:` block), and no other family's."""
@@ -217,3 +253,8 @@ def test_emitted_modules_carry_the_runtime_kernels():
             assert kernels_source(module, (f,) if f else None) in source, (module, f)
     assert "def _mom_state_fwd" not in gdn_source and "def _chunk_scores_fwd" not in gdn_source
     assert "def _chunk_output_fwd" not in momentum_source
+    softmax = compile_text((SPECS / "transformer.miras").read_text()).source
+    stick = compile_text((SPECS / "stickbreaking.miras").read_text()).source
+    for module, source in (("attention", softmax), ("flash", softmax), ("attention", stick), ("stickbreaking", stick)):
+        assert kernels_source(module) in source, module
+    assert "def _sb_fwd" not in softmax and "def _flash_fwd(" not in stick

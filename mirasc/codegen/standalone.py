@@ -28,21 +28,27 @@ def body(module: types.ModuleType) -> str:
 @functools.cache
 def _kernel_module(name: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """The lines of mirasc/runtime/kernels/`name`.py (read, not imported: emitting needs no triton) and the span of
-    each top-level function in them (its decorators and the comment lines right above it included)."""
+    each top-level function and constant in them (decorators and the comment lines right above included)."""
     text = (RUNTIME / "kernels" / f"{name}.py").read_text(encoding="utf-8")
     lines, spans = text.splitlines(True), {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
-            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            while first > 1 and lines[first - 2].startswith("#"):
-                first -= 1
-            spans[node.name] = (first, node.end_lineno)
+            name = node.name
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        else:
+            continue
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        while first > 1 and lines[first - 2].startswith("#"):
+            first -= 1
+        spans[name] = (first, node.end_lineno)
     return lines, spans
 
 
 def kernels_source(name: str, functions: tuple[str, ...] | None = None) -> str:
-    """The Triton functions `functions` (all, in file order, when None) of mirasc/runtime/kernels/`name`.py, to paste
-    inside an emitted module's `if triton is not None:` block: indented by four spaces, one blank line apart."""
+    """The Triton functions and constants `functions` (all, in file order, when None) of
+    mirasc/runtime/kernels/`name`.py, to paste inside an emitted module's `if triton is not None:` block: indented
+    by four spaces, one blank line apart."""
     lines, spans = _kernel_module(name)
     missing = sorted(set(functions or ()) - set(spans))
     if missing:
