@@ -4,6 +4,8 @@ verbatim (mirasc.codegen.standalone.kernels_source).
 
 - dots.py: `_chunk_dot` for each PREC — exact fp32 ("ieee"), bf16 operands rounded to nearest, split bf16
   (hi·hi + lo·hi + hi·lo), always accumulating in fp32.
+- minibatch.py: `_mb_dot`, exact ("ieee") and with each fp32 operand as two bf16 parts ("bf16x3_emulated",
+  what the interpreter runs for the GPU's bf16x3).
 - chunk_head.py, chunk_channel.py, chunk.py: the state scan (1) with one log-decay per head or per key channel,
   with and without a second key block, and the output kernel (2), against (1)-(2) in float64 (the families'
   kernels as a whole: tests/test_triton_chunked.py, test_triton_channel_chunks.py through the emitted modules).
@@ -27,7 +29,16 @@ import triton.language as tl  # noqa: E402
 
 from mirasc.codegen.standalone import kernels_source  # noqa: E402
 from mirasc.compiler import compile_text  # noqa: E402
-from mirasc.runtime.kernels import attention, chunk, chunk_channel, chunk_head, dots, flash, momentum  # noqa: E402
+from mirasc.runtime.kernels import (  # noqa: E402
+    attention,
+    chunk,
+    chunk_channel,
+    chunk_head,
+    dots,
+    flash,
+    minibatch,
+    momentum,
+)
 
 f64 = torch.float64
 SPECS = Path(__file__).resolve().parents[1] / "specs"
@@ -62,6 +73,30 @@ def test_chunk_dot_rounds_only_its_operands(prec):
     assert (out.double() - want).abs().max() < 1e-5 * want.abs().max()
     if prec != "ieee":  # and the rounding is really there: exact products differ by about a bf16 unit
         assert (out.double() - a64 @ b64).abs().max() > 1e-7 * want.abs().max()
+
+
+@triton.jit
+def _mb_dot_probe(A, B, C, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, PREC: tl.constexpr):
+    rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(A + rm[:, None] * K + rk[None, :])
+    b = tl.load(B + rk[:, None] * N + rn[None, :])
+    tl.store(C + rm[:, None] * N + rn[None, :], minibatch._mb_dot(a, b, PREC))
+
+
+@pytest.mark.parametrize("prec", ["ieee", "bf16x3_emulated"])
+def test_minibatch_dot_splits_fp32_operands(prec):
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(16, 32, generator=g), torch.randn(32, 16, generator=g)
+    out = torch.empty(16, 16)
+    _mb_dot_probe[(1,)](a, b, out, 16, 32, 16, PREC=prec)
+    a64, b64 = a.double(), b.double()
+    ah, bh = _bf16(a64), _bf16(b64)
+    want = a64 @ b64 if prec == "ieee" else ah @ bh + _bf16(a64 - ah) @ bh + ah @ _bf16(b64 - bh)
+    assert (out.double() - want).abs().max() < 1e-5 * want.abs().max()
+    if prec != "ieee":  # about 16 significant bits: not exact, and far closer than one bf16 rounding of each
+        exact = a64 @ b64
+        err = (out.double() - exact).abs().max()
+        assert 0 < err < (ah @ bh - exact).abs().max() / 10
 
 
 def _scan(kw, ks, wkw, wks, u, mix, w0, s0, BT, rnd):

@@ -53,6 +53,7 @@ from ..language import spec as S
 from ..plan import minibatch_reason
 from . import triton_minibatch_stream as stream
 from .directives import preprocess
+from .standalone import kernels_source
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
@@ -96,7 +97,8 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     kernels += "\n" + fwd_src + "\n" + bwd_src
     flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay", "features": features}
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return (preprocess(TEMPLATE, flags).replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+    return (preprocess(TEMPLATE, flags).replace("{{MB_DOTS}}\n", kernels_source("minibatch") + "\n")
+            .replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
             .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
 
 
