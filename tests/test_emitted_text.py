@@ -1,10 +1,13 @@
 """Every emitted file reads as finished text (docs/module-api.md): no template slot or `# @if` directive left in
-it, no reason left empty where a message or comment gives one, no comment cut off mid-sentence. Checked on the
+it, no reason left empty where a message or comment gives one, no comment cut off mid-sentence, no function or
+class defined twice (a runtime kernel and a host function of one name would shadow each other). Checked on the
 module `mirasc compile` writes for every bundled spec, and on the parts `mirasc export` adds around it (the
 language model, the model factory, the Hugging Face wrapper)."""
 
 from __future__ import annotations
 
+import ast
+import collections
 import io
 import re
 import tokenize
@@ -37,7 +40,19 @@ def problems(source: str) -> list[str]:
         if tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
             for m in EMPTY_REASON.finditer(tok.string):
                 found.append(f"line {tok.start[0]}: ...{tok.string[max(0, m.start() - 60):m.end() + 20]}...")
+    names = collections.defaultdict(list)
+    _definitions(ast.parse(source).body, names)
+    found += [f"{name} defined at lines {lines}" for name, lines in names.items() if len(lines) > 1]
     return found
+
+
+def _definitions(body, names):
+    """The functions and classes a module defines at its top level and in its top-level `if` blocks."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names[node.name].append(node.lineno)
+        elif isinstance(node, ast.If):
+            _definitions(node.body + node.orelse, names)
 
 
 @pytest.mark.parametrize("path", SPEC_PATHS, ids=[p.stem for p in SPEC_PATHS])
@@ -59,6 +74,7 @@ def test_export_parts_have_no_template_leftovers():
     "x = {{SLOT}}\n",
     'raise RuntimeError("no kernel: ")\n',
     '"""chunked: not available ()"""\n',
+    "if triton is not None:\n    def _log_decays(G, bh):\n        pass\ndef _log_decays(alpha, n):\n    pass\n",
 ])
 def test_the_check_finds_leftovers(text):
     assert problems(text)

@@ -6,8 +6,8 @@ verbatim (mirasc.codegen.standalone.kernels_source).
   (hi·hi + lo·hi + hi·lo), always accumulating in fp32.
 - minibatch.py: `_mb_dot`, exact ("ieee") and with each fp32 operand as two bf16 parts ("bf16x3_emulated",
   what the interpreter runs for the GPU's bf16x3).
-- chunk_head.py, chunk_channel.py, chunk.py: the state scan (1) with one log-decay per head or per key channel,
-  with and without a second key block, and the output kernel (2), against (1)-(2) in float64 (the families'
+- chunk.py: the state scan (1) with one log-decay per head or per key channel (one kernel, CH), with and without
+  a second key block, and the output kernel (2), against (1)-(2) in float64 (the families'
   kernels as a whole: tests/test_triton_chunked.py, test_triton_channel_chunks.py through the emitted modules).
 - attention.py, flash.py: the causal flash forward (output and log-sum-exp) and the backward's δ, against softmax
   attention in float64 (the flash and stick-breaking paths as a whole: tests/test_attention_triton.py,
@@ -32,8 +32,6 @@ from mirasc.compiler import compile_text  # noqa: E402
 from mirasc.runtime.kernels import (  # noqa: E402
     attention,
     chunk,
-    chunk_channel,
-    chunk_head,
     dots,
     flash,
     minibatch,
@@ -225,10 +223,9 @@ def test_chunk_state_scan_and_output_against_float64(variant, two_k):
     eta = torch.ones(BH, T, **f32)  # (read only when U is v as given: SCALE_U)
     args = [x.float().contiguous() for x in (k, wk, u_in)] + [eta, gates.float().contiguous(), w0.float()]
     common = dict(BT=BT, BK=BK, BV=16, TWO_K=two_k, HAS_WK=True, PREC="ieee", SCALE_U=False, TF=False)
-    if variant == "head":
-        chunk_head._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, **common)
-    else:
-        chunk_channel._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, BC=16, **common)
+    # one kernel for both decays: the whole chunk at once with one per head, 16-row sub-blocks per key channel
+    chunk._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, BC=BT if variant == "head" else 16,
+                                    CH=variant == "channel", **common)
     for name, a, b in (("W", w_out, want_w), ("W_0", ckpt, want_ckpt), ("u", uu, want_uu)):
         assert (a.double() - b).norm() / b.norm() < 1e-5, (variant, name)
     if variant == "head":  # (2): o = e^{g} ∘ (Q W_0ᵀ) - ((Q Kᵀ) ∘ D) u, D_ts = e^{g_t - g_s} for s <= t
@@ -281,9 +278,9 @@ def test_emitted_modules_carry_the_runtime_kernels():
     gdn_source = compile_text("model m { memory = linear\n bias = l2\n retention = decay(alpha=gate)\n"
                               " learner = gd(lr=gate) }").source
     for module, functions, source in (("dots", None, momentum_source), ("momentum", None, momentum_source),
-                                      ("dots", None, gdn_source), ("chunk_head", ("_chunk_state_fwd", "_wy_fwd"),
+                                      ("dots", None, gdn_source), ("chunk_head", ("_chunk_grads_bwd", "_wy_fwd"),
                                                                    gdn_source),
-                                      ("chunk", ("_row", "_chunk_output_fwd"), gdn_source)):
+                                      ("chunk", ("_row", "_chunk_state_fwd", "_chunk_output_fwd"), gdn_source)):
         for f in functions or (None,):
             assert kernels_source(module, (f,) if f else None) in source, (module, f)
     assert "def _mom_state_fwd" not in gdn_source and "def _chunk_scores_fwd" not in gdn_source

@@ -62,24 +62,26 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
 
 
 # the Triton functions of each part of a family's path, by their module under mirasc/runtime/kernels/
-SCANS = ("_chunk_state_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd", "_chunk_grads_bwd")
-CHANNEL = SCANS + ("_log_decay_fwd", "_log_decay_bwd", "_chunk_scores_fwd", "_store_score_rows")
+SCANS = ("_row", "_log_decay_rows", "_chunk_state_fwd", "_chunk_state_bwd", "_store_du")  # both decays' (chunk.py)
+HEAD = ("_chunk_du_local_bwd", "_chunk_grads_bwd")
+CHANNEL = HEAD + ("_log_decay_fwd", "_log_decay_bwd", "_chunk_scores_fwd", "_store_score_rows")
 HEAD_PREPARATION = ("_wy_scores", "_wy_decay", "_wy_fwd", "_wy_bwd")  # the delta rule's, per-head decay
 CHANNEL_PREPARATION = ("_wy_fwd", "_wy_bwd")  # on the key-channel scores
 
 
 def chunk_kernels_source(family: str, flags: dict[str, bool]) -> str:
     """The Triton kernels a chunk family launches (and the functions they call), in launch-independent order: the
-    delta family's inverse; the momentum scans, or the shared row helper, one decay variant's scans and gradients
-    (with the scores kernels and the preparation where the family has them) and the output kernel."""
+    delta family's inverse; the momentum scans, or the state scans (one kernel each for both decays), one decay
+    variant's chunk-parallel backward (with the scores kernels and the preparation where the family has them) and
+    the output kernel."""
     parts = [("chunk", ("_unit_lower_inverse",))] if flags["chunk_delta"] else []
     if family == "momentum":
         return "\n".join(kernels_source(m, f) for m, f in parts + [("momentum", None)])
-    parts.append(("chunk", ("_row",)))
+    parts.append(("chunk", SCANS))
     if flags["ch_alpha"]:
         parts.append(("chunk_channel", CHANNEL + (("_chunk_scores_bwd",) if flags["chunk_scores"] else ())
                       + (CHANNEL_PREPARATION if flags["wy_scores"] else ())))
     else:
-        parts.append(("chunk_head", SCANS + (HEAD_PREPARATION if flags["wy_kernels"] else ())))
+        parts.append(("chunk_head", HEAD + (HEAD_PREPARATION if flags["wy_kernels"] else ())))
     parts.append(("chunk", ("_chunk_output_fwd",)))
     return "\n".join(kernels_source(m, f) for m, f in parts)

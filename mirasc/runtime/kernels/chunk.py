@@ -1,6 +1,6 @@
-"""The chunk kernels' shared pieces (docs/kernels.md): the rows of a token in either layout, the output kernel
-(2) of both decay variants (CH: a decay over key channels), and the unit-lower-triangular inverse of the
-delta family's preparation."""
+"""The chunk kernels both decays share (docs/kernels.md), with `CH: tl.constexpr` selecting a log-decay per key
+channel over one per head: the state scans over chunks (1) and their reverse, the output kernel (2); the rows of
+a token in either layout, and the unit-lower-triangular inverse of the delta family's preparation."""
 
 import triton
 import triton.language as tl
@@ -74,3 +74,186 @@ def _chunk_output_fwd(Q, KA, UU, G, CKPT, O, T, Nk, Nv, H,
     u = tl.load(UU + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)
     o -= _chunk_dot(a, u, PREC)
     tl.store(O + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], _out(o, O, PREC), mask=mv[None, :])
+
+
+@triton.jit
+def _log_decay_rows(G, bh, tok, T, Nk, rk, mk, CH: tl.constexpr):
+    # the chunk-local cumulative log-decays g of tokens `tok` (of head bh): [rows, BK] over the key channels rk
+    # (CH: G is [B·H, T, Nk]), else [rows, 1], one per head and token (G is [B·H, T]), to broadcast either way
+    if CH:
+        g = tl.load(G + (bh * T + tok[:, None]) * Nk + rk[None, :], mask=mk[None, :], other=0.0)
+    else:
+        g = tl.load(G + bh * T + tok)[:, None]
+    return g
+
+
+# The scans over chunks, the only sequential part of (1), for both decays. One log-decay per head and token
+# scales rows (u's in the forward, dO's in the backward) and takes the whole chunk at once (BC = BT: a
+# 64-row tile feeds a warpgroup's HGMMA); a log-decay per key channel (CH, docs/semantics.md: channel-wise
+# gates) scales the key's (or query's) columns, and the chunk's rows go in sub-blocks of BC = 16 so that no
+# [BT, BK] fp32 tile is live: u of a sub-block needs only W_0, and the update sums over sub-blocks. The state
+# tile [BV, Dk] is one [BV, BK] block or two (TWO_K: columns BK..2BK-1), so that no operand is wider than BK.
+@triton.jit
+def _chunk_state_fwd(K, WK, U, ETA, G, W_in, UU, W_out, CKPT, T, Nk, Nv, H,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
+                     HAS_WK: tl.constexpr, PREC: tl.constexpr, BC: tl.constexpr, SCALE_U: tl.constexpr,
+                     TF: tl.constexpr, CH: tl.constexpr):
+    # per chunk: W_0 -> CKPT; u = Wk W_0ᵀ - U -> UU; W <- W_0 e^{g_n} - uᵀ (K ∘ e^{g_n - g})
+    iv = tl.program_id(0)
+    bh = tl.program_id(1)
+    NT = T // BT
+    rs = tl.arange(0, BC)
+    rk0 = tl.arange(0, BK)
+    rv = iv * BV + tl.arange(0, BV)
+    mv = rv < Nv
+    mk0 = rk0 < Nk
+    w0 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :], other=0.0)
+    if TWO_K:
+        rk1 = BK + tl.arange(0, BK)
+        mk1 = rk1 < Nk
+        w1 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
+                     other=0.0)
+    for c in range(NT):
+        end = c * BT + BT - 1 + tl.zeros([1], tl.int32)
+        tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], _out(w0, CKPT, PREC),
+                 mask=mv[:, None] & mk0[None, :])
+        gn0 = _log_decay_rows(G, bh, end, T, Nk, rk0, mk0, CH)
+        acc0 = tl.exp(gn0) * w0
+        if TWO_K:
+            tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], _out(w1, CKPT, PREC),
+                     mask=mv[:, None] & mk1[None, :])
+            gn1 = _log_decay_rows(G, bh, end, T, Nk, rk1, mk1, CH)
+            acc1 = tl.exp(gn1) * w1
+        for h in range(BT // BC):
+            tok = c * BT + h * BC + rs
+            if SCALE_U:  # U is v as given (the layout of K): u = η v
+                vt = tl.load(U + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
+                u = -tl.load(ETA + bh * T + tok)[:, None] * vt.to(tl.float32)
+            else:
+                u = -tl.load(U + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)
+            if HAS_WK:
+                wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
+                u += _chunk_dot(wk0, tl.trans(w0), PREC)
+                if TWO_K:
+                    wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :],
+                                  other=0.0)
+                    u += _chunk_dot(wk1, tl.trans(w1), PREC)
+            tl.store(UU + (bh * T + tok[:, None]) * Nv + rv[None, :], _out(u, UU, PREC), mask=mv[None, :])
+            k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
+            g0 = _log_decay_rows(G, bh, tok, T, Nk, rk0, mk0, CH)
+            if CH:
+                ut = tl.trans(u)
+                acc0 -= _chunk_dot(ut, k0.to(tl.float32) * tl.exp(gn0 - g0), PREC)
+            else:
+                ut = tl.trans(u * tl.exp(gn0 - g0))
+                acc0 -= _chunk_dot(ut, k0, PREC)
+            if TWO_K:
+                k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :],
+                             other=0.0)
+                if CH:
+                    g1 = _log_decay_rows(G, bh, tok, T, Nk, rk1, mk1, CH)
+                    acc1 -= _chunk_dot(ut, k1.to(tl.float32) * tl.exp(gn1 - g1), PREC)
+                else:
+                    acc1 -= _chunk_dot(ut, k1, PREC)
+        w0 = acc0
+        if TWO_K:
+            w1 = acc1
+    tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], w0, mask=mv[:, None] & mk0[None, :])
+    if TWO_K:
+        tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], w1, mask=mv[:, None] & mk1[None, :])
+
+
+# Reverse scan. dw = ∂ℓ/∂(state after chunk c) -> DH[c]; per chunk, with DU holding the chunk-local
+# -(D∘QKᵀ)ᵀ dO (_chunk_du_local_bwd):
+#   du = DU - (K ∘ e^{g_n - g}) dwᵀ                                              -> DU
+#   dw <- dw e^{g_n} + dOᵀ (Q ∘ e^{g}) + duᵀ Wk    (the cotangent of W_0)
+@triton.jit
+def _chunk_state_bwd(Q, K, WK, G, DO, DW_final, DH, DU, DW_init, V, ETA, DV, DETA, T, Nk, Nv, H,
+                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
+                     HAS_WK: tl.constexpr, PREC: tl.constexpr, BC: tl.constexpr, SCALE_U: tl.constexpr,
+                     TF: tl.constexpr, CH: tl.constexpr):
+    iv = tl.program_id(0)
+    bh = tl.program_id(1)
+    NT = T // BT
+    rs = tl.arange(0, BC)
+    rk0 = tl.arange(0, BK)
+    rv = iv * BV + tl.arange(0, BV)
+    mv = rv < Nv
+    mk0 = rk0 < Nk
+    dw0 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :],
+                  other=0.0)
+    if TWO_K:
+        rk1 = BK + tl.arange(0, BK)
+        mk1 = rk1 < Nk
+        dw1 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
+                      other=0.0)
+    for cc in range(NT):
+        c = NT - 1 - cc
+        end = c * BT + BT - 1 + tl.zeros([1], tl.int32)
+        tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], _out(dw0, DH, PREC),
+                 mask=mv[:, None] & mk0[None, :])
+        gn0 = _log_decay_rows(G, bh, end, T, Nk, rk0, mk0, CH)
+        acc0 = tl.exp(gn0) * dw0
+        if TWO_K:
+            tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], _out(dw1, DH, PREC),
+                     mask=mv[:, None] & mk1[None, :])
+            gn1 = _log_decay_rows(G, bh, end, T, Nk, rk1, mk1, CH)
+            acc1 = tl.exp(gn1) * dw1
+        for h in range(BT // BC):
+            tok = c * BT + h * BC + rs
+            k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
+            g0 = _log_decay_rows(G, bh, tok, T, Nk, rk0, mk0, CH)
+            kdw = _chunk_dot(k0 * tl.exp(gn0 - g0), tl.trans(dw0), PREC)
+            if TWO_K:
+                k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :],
+                             other=0.0)
+                if CH:
+                    g1 = _log_decay_rows(G, bh, tok, T, Nk, rk1, mk1, CH)
+                    kdw += _chunk_dot(k1 * tl.exp(gn1 - g1), tl.trans(dw1), PREC)
+                else:
+                    kdw += _chunk_dot(k1 * tl.exp(gn1 - g0), tl.trans(dw1), PREC)
+            do = tl.load(DO + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
+            du = tl.load(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0) - kdw
+            _store_du(du, DU, V, ETA, DV, DETA, bh, iv, tok, rv, mv, T, Nv, H, TF, SCALE_U, PREC)
+            q0 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
+            if CH:
+                dog = tl.trans(do)
+                acc0 += _chunk_dot(dog, q0.to(tl.float32) * tl.exp(g0), PREC)
+            else:
+                dog = tl.trans(do * tl.exp(g0))
+                acc0 += _chunk_dot(dog, q0, PREC)
+            if HAS_WK:
+                wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
+                acc0 += _chunk_dot(tl.trans(du), wk0, PREC)
+            if TWO_K:
+                q1 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :],
+                             other=0.0)
+                if CH:
+                    acc1 += _chunk_dot(dog, q1.to(tl.float32) * tl.exp(g1), PREC)
+                else:
+                    acc1 += _chunk_dot(dog, q1, PREC)
+                if HAS_WK:
+                    wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :],
+                                  other=0.0)
+                    acc1 += _chunk_dot(tl.trans(du), wk1, PREC)
+        dw0 = acc0
+        if TWO_K:
+            dw1 = acc1
+    tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], dw0, mask=mv[:, None] & mk0[None, :])
+    if TWO_K:
+        tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], dw1, mask=mv[:, None] & mk1[None, :])
+
+
+@triton.jit
+def _store_du(du, DU, V, ETA, DV, DETA, bh, iv, tok, rv, mv, T, Nv, H, TF: tl.constexpr, SCALE_U: tl.constexpr,
+              PREC: tl.constexpr):
+    # the reverse scan's du of rows `tok` -> DU; with U = η v formed in the scan (SCALE_U) its gradients instead:
+    # dv = -η du (v's layout and dtype), dη = -Σ du∘v (a partial sum per Dv tile)
+    if SCALE_U:
+        eta = tl.load(ETA + bh * T + tok)
+        vt = tl.load(V + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
+        tl.store(DV + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], _out(-eta[:, None] * du, DV, PREC),
+                 mask=mv[None, :])
+        tl.store(DETA + (iv * tl.num_programs(1) + bh) * T + tok, -tl.sum(du * vt.to(tl.float32), axis=1))
+    else:
+        tl.store(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], du, mask=mv[None, :])

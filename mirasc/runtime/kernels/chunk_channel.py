@@ -1,6 +1,7 @@
-"""The chunk kernels with a log-decay per key channel (docs/kernels.md; GLA, HGRN2, KDA): the scans, the
-gradients, the cumulative log-decays, the chunk's scores in 16-row sub-blocks and their backward; and the
-delta family's preparation on those scores."""
+"""The chunk kernels with a log-decay per key channel (docs/kernels.md; GLA, HGRN2, KDA): the backward's
+chunk-local du and the gradients, the cumulative log-decays, the chunk's scores in 16-row sub-blocks and their
+backward; and the delta family's preparation on those scores. (The scans and the output kernel serve both
+decays: chunk.py.)"""
 
 import triton
 import triton.language as tl
@@ -20,75 +21,10 @@ from .dots import _chunk_dot, _out
 # the [BC, BC] diagonal ones from a materialised [BC, BC, BK] factor e^{g_t - g_s} (s <= t, masked before the
 # exp). _chunk_scores_fwd computes A once per chunk (one program per sub-block); the output kernel and the
 # backward's du (-Aᵀ dO) read it over whole chunks, and the gradients kernel takes dA's rows and columns of
-# its sub-block through ρ_i and through r_i (its last row) the same way. The scans hold the state exactly as
-# in the per-head case, with the decay as a vector over columns. The written key (the kernels' K) is η ⊙ k
+# its sub-block through ρ_i and through r_i (its last row) the same way. The scans (chunk.py) hold the state exactly
+# as in the per-head case, with the decay as a vector over columns. The written key (the kernels' K) is η ⊙ k
 # for lr=gate(k). The delta family's preparation takes its channel-contracted scores Σ_j k_tj w_sj
 # e^{x_tj - g_sj} from _chunk_scores_fwd/_bwd too.
-@triton.jit
-def _chunk_state_fwd(K, WK, U, ETA, G, W_in, UU, W_out, CKPT, T, Nk, Nv, H,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
-                     HAS_WK: tl.constexpr, PREC: tl.constexpr, BC: tl.constexpr, SCALE_U: tl.constexpr,
-                     TF: tl.constexpr):
-    # per chunk: W_0 -> CKPT; u = Wk W_0ᵀ - U -> UU; W <- W_0 diag(e^{g_n}) - uᵀ (K ∘ e^{g_n - g}),
-    # walking the chunk's rows in sub-blocks of BC (u of a sub-block needs only W_0; the update sums
-    # over sub-blocks), so that no [BT, BK] tile is live: fp32 scans at Dk = 128 do not spill
-    iv = tl.program_id(0)
-    bh = tl.program_id(1)
-    NT = T // BT
-    rs = tl.arange(0, BC)
-    rk0 = tl.arange(0, BK)
-    rv = iv * BV + tl.arange(0, BV)
-    mv = rv < Nv
-    mk0 = rk0 < Nk
-    w0 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :], other=0.0)
-    if TWO_K:
-        rk1 = BK + tl.arange(0, BK)
-        mk1 = rk1 < Nk
-        w1 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
-                     other=0.0)
-    for c in range(NT):
-        last = bh * T + c * BT + BT - 1
-        tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], w0, mask=mv[:, None] & mk0[None, :])
-        gn0 = tl.load(G + last * Nk + rk0, mask=mk0, other=0.0)
-        acc0 = tl.exp(gn0)[None, :] * w0
-        if TWO_K:
-            tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], w1,
-                     mask=mv[:, None] & mk1[None, :])
-            gn1 = tl.load(G + last * Nk + rk1, mask=mk1, other=0.0)
-            acc1 = tl.exp(gn1)[None, :] * w1
-        for h in range(BT // BC):
-            tok = c * BT + h * BC + rs
-            if SCALE_U:  # U is v as given (the layout of K): u = η v
-                vt = tl.load(U + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-                u = -tl.load(ETA + bh * T + tok)[:, None] * vt.to(tl.float32)
-            else:
-                u = -tl.load(U + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-            if HAS_WK:
-                wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-                u += _chunk_dot(wk0, tl.trans(w0), PREC)
-                if TWO_K:
-                    wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :],
-                                  other=0.0)
-                    u += _chunk_dot(wk1, tl.trans(w1), PREC)
-            tl.store(UU + (bh * T + tok[:, None]) * Nv + rv[None, :], u, mask=mv[None, :])
-            ut = tl.trans(u)
-            k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :],
-                         mask=mk0[None, :], other=0.0).to(tl.float32)
-            g0 = tl.load(G + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-            acc0 -= _chunk_dot(ut, k0 * tl.exp(gn0[None, :] - g0), PREC)
-            if TWO_K:
-                k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :],
-                             mask=mk1[None, :], other=0.0).to(tl.float32)
-                g1 = tl.load(G + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-                acc1 -= _chunk_dot(ut, k1 * tl.exp(gn1[None, :] - g1), PREC)
-        w0 = acc0
-        if TWO_K:
-            w1 = acc1
-    tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], w0, mask=mv[:, None] & mk0[None, :])
-    if TWO_K:
-        tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], w1, mask=mv[:, None] & mk1[None, :])
-
-
 @triton.jit
 def _chunk_du_local_bwd(A, UU, DO, DU, DA, T, Nk, Nv, H,
                         BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, TF: tl.constexpr):
@@ -112,85 +48,6 @@ def _chunk_du_local_bwd(A, UU, DO, DU, DA, T, Nk, Nv, H,
                  mask=mv[None, :])
         da -= _chunk_dot(do, tl.trans(u), PREC)
     tl.store(DA + sq, tl.where(rt[:, None] >= rt[None, :], da, 0.0))
-
-
-@triton.jit
-def _chunk_state_bwd(Q, K, WK, G, DO, DW_final, DH, DU, DW_init, V, ETA, DV, DETA, T, Nk, Nv, H,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
-                     HAS_WK: tl.constexpr, PREC: tl.constexpr, BC: tl.constexpr, SCALE_U: tl.constexpr,
-                     TF: tl.constexpr):
-    # Reverse scan, as for one decay per head with the decay over columns:
-    #   du = DU - (K ∘ e^{g_n - g}) dwᵀ                                              -> DU
-    #   dw <- dw diag(e^{g_n}) + dOᵀ (Q ∘ e^{g}) + duᵀ Wk    (the cotangent of W_0)
-    # in sub-blocks of BC rows (du of a sub-block needs only dw; the new dw sums over sub-blocks).
-    iv = tl.program_id(0)
-    bh = tl.program_id(1)
-    NT = T // BT
-    rs = tl.arange(0, BC)
-    rk0 = tl.arange(0, BK)
-    rv = iv * BV + tl.arange(0, BV)
-    mv = rv < Nv
-    mk0 = rk0 < Nk
-    dw0 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :],
-                  other=0.0)
-    if TWO_K:
-        rk1 = BK + tl.arange(0, BK)
-        mk1 = rk1 < Nk
-        dw1 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
-                      other=0.0)
-    for cc in range(NT):
-        c = NT - 1 - cc
-        last = bh * T + c * BT + BT - 1
-        tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], dw0, mask=mv[:, None] & mk0[None, :])
-        gn0 = tl.load(G + last * Nk + rk0, mask=mk0, other=0.0)
-        acc0 = tl.exp(gn0)[None, :] * dw0
-        if TWO_K:
-            tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], dw1,
-                     mask=mv[:, None] & mk1[None, :])
-            gn1 = tl.load(G + last * Nk + rk1, mask=mk1, other=0.0)
-            acc1 = tl.exp(gn1)[None, :] * dw1
-        for h in range(BT // BC):
-            tok = c * BT + h * BC + rs
-            k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :],
-                         mask=mk0[None, :], other=0.0).to(tl.float32)
-            g0 = tl.load(G + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-            kdw = _chunk_dot(k0 * tl.exp(gn0[None, :] - g0), tl.trans(dw0), PREC)
-            if TWO_K:
-                k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :],
-                             mask=mk1[None, :], other=0.0).to(tl.float32)
-                g1 = tl.load(G + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-                kdw += _chunk_dot(k1 * tl.exp(gn1[None, :] - g1), tl.trans(dw1), PREC)
-            do = tl.load(DO + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-            du = tl.load(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0) - kdw
-            if SCALE_U:  # U = η v: dv = -η du (v's layout, dtype), dη = -Σ du∘v (a partial sum per Dv tile)
-                eta = tl.load(ETA + bh * T + tok)
-                vt = tl.load(V + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-                tl.store(DV + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :],
-                         _out(-eta[:, None] * du, DV, PREC), mask=mv[None, :])
-                tl.store(DETA + (iv * tl.num_programs(1) + bh) * T + tok, -tl.sum(du * vt.to(tl.float32), axis=1))
-            else:
-                tl.store(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], du, mask=mv[None, :])
-            dot_ = tl.trans(do)
-            q0 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :],
-                         mask=mk0[None, :], other=0.0).to(tl.float32)
-            acc0 += _chunk_dot(dot_, q0 * tl.exp(g0), PREC)
-            if HAS_WK:
-                wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-                acc0 += _chunk_dot(tl.trans(du), wk0, PREC)
-            if TWO_K:
-                q1 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :],
-                             mask=mk1[None, :], other=0.0).to(tl.float32)
-                acc1 += _chunk_dot(dot_, q1 * tl.exp(g1), PREC)
-                if HAS_WK:
-                    wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :],
-                                  other=0.0)
-                    acc1 += _chunk_dot(tl.trans(du), wk1, PREC)
-        dw0 = acc0
-        if TWO_K:
-            dw1 = acc1
-    tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], dw0, mask=mv[:, None] & mk0[None, :])
-    if TWO_K:
-        tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], dw1, mask=mv[:, None] & mk1[None, :])
 
 
 # Sub-block i of one chunk, one Dk tile, summing over Dv in BV blocks. With dA from _chunk_du_local_bwd,

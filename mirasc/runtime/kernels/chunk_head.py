@@ -1,65 +1,12 @@
-"""The chunk kernels with one log-decay per head and token (docs/kernels.md): the state scan over chunks, the
-backward's chunk-local du, the reverse scan and the gradients; and the delta family's chunk preparation
-(the WY/UT form) as kernels."""
+"""The chunk kernels with one log-decay per head and token (docs/kernels.md): the backward's chunk-local du and
+the gradients, which form the chunk's scores themselves; and the delta family's chunk preparation (the WY/UT form)
+as kernels. (The scans and the output kernel serve both decays: chunk.py.)"""
 
 import triton
 import triton.language as tl
 
 from .chunk import _row, _unit_lower_inverse
 from .dots import _chunk_dot, _out
-
-
-@triton.jit
-def _chunk_state_fwd(K, WK, U, ETA, G, W_in, UU, W_out, CKPT, T, Nk, Nv, H,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
-                     HAS_WK: tl.constexpr, PREC: tl.constexpr, SCALE_U: tl.constexpr, TF: tl.constexpr):
-    # per chunk: W_0 -> CKPT; u = Wk W_0ᵀ - U -> UU; W <- e^{g_n} W_0 - (e^{g_n - g}∘u)ᵀ K.
-    # The state tile [BV, Dk] is one [BV, BK] block, or two (TWO_K: columns BK..2BK-1 in w1), so that
-    # no operand is wider than BK (registers).
-    iv = tl.program_id(0)
-    bh = tl.program_id(1)
-    NT = T // BT
-    rt = tl.arange(0, BT)
-    rk0 = tl.arange(0, BK)
-    rv = iv * BV + tl.arange(0, BV)
-    mv = rv < Nv
-    mk0 = rk0 < Nk
-    w0 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :], other=0.0)
-    if TWO_K:
-        rk1 = BK + tl.arange(0, BK)
-        mk1 = rk1 < Nk
-        w1 = tl.load(W_in + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
-                     other=0.0)
-    for c in range(NT):
-        tok = c * BT + rt
-        tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], _out(w0, CKPT, PREC),
-                 mask=mv[:, None] & mk0[None, :])
-        k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-        if SCALE_U:  # U is v as given (the layout of K): u = η v
-            vt = tl.load(U + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-            u = -tl.load(ETA + bh * T + tok)[:, None] * vt.to(tl.float32)
-        else:
-            u = -tl.load(U + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-        if HAS_WK:
-            wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-            u += _chunk_dot(wk0, tl.trans(w0), PREC)
-        if TWO_K:
-            tl.store(CKPT + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], _out(w1, CKPT, PREC),
-                     mask=mv[:, None] & mk1[None, :])
-            k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-            if HAS_WK:
-                wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-                u += _chunk_dot(wk1, tl.trans(w1), PREC)
-        tl.store(UU + (bh * T + tok[:, None]) * Nv + rv[None, :], _out(u, UU, PREC), mask=mv[None, :])
-        g = tl.load(G + bh * T + tok)
-        glast = tl.load(G + bh * T + c * BT + BT - 1)
-        ue = tl.trans(u * tl.exp(glast - g)[:, None])
-        w0 = tl.exp(glast) * w0 - _chunk_dot(ue, k0, PREC)
-        if TWO_K:
-            w1 = tl.exp(glast) * w1 - _chunk_dot(ue, k1, PREC)
-    tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], w0, mask=mv[:, None] & mk0[None, :])
-    if TWO_K:
-        tl.store(W_out + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], w1, mask=mv[:, None] & mk1[None, :])
 
 
 @triton.jit
@@ -86,72 +33,6 @@ def _chunk_du_local_bwd(Q, K, G, DO, DU, T, Nk, Nv, H,
     do = tl.load(DO + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
     du = -_chunk_dot(tl.trans(qk * decay), do, PREC)
     tl.store(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], du, mask=mv[None, :])
-
-
-@triton.jit
-def _chunk_state_bwd(Q, K, WK, G, DO, DW_final, DH, DU, DW_init, V, ETA, DV, DETA, T, Nk, Nv, H,
-                     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
-                     HAS_WK: tl.constexpr, PREC: tl.constexpr, SCALE_U: tl.constexpr, TF: tl.constexpr):
-    # Reverse scan. dw = ∂ℓ/∂(state after chunk c) -> DH[c]; per chunk, with DU holding the chunk-local
-    # -(D∘QKᵀ)ᵀ dO (_chunk_du_local_bwd):
-    #   du = DU - (e^{g_n - g}∘K) dwᵀ                                              -> DU
-    #   dw <- e^{g_n} dw + (e^{g}∘dO)ᵀ Q + duᵀ Wk   (the cotangent of W_0)
-    # dw in one or two (TWO_K) [BV, BK] blocks, as in _chunk_state_fwd.
-    iv = tl.program_id(0)
-    bh = tl.program_id(1)
-    NT = T // BT
-    rt = tl.arange(0, BT)
-    rk0 = tl.arange(0, BK)
-    rv = iv * BV + tl.arange(0, BV)
-    mv = rv < Nv
-    mk0 = rk0 < Nk
-    dw0 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], mask=mv[:, None] & mk0[None, :],
-                  other=0.0)
-    if TWO_K:
-        rk1 = BK + tl.arange(0, BK)
-        mk1 = rk1 < Nk
-        dw1 = tl.load(DW_final + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], mask=mv[:, None] & mk1[None, :],
-                      other=0.0)
-    for cc in range(NT):
-        c = NT - 1 - cc
-        tok = c * BT + rt
-        tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk0[None, :], _out(dw0, DH, PREC),
-                 mask=mv[:, None] & mk0[None, :])
-        q0 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-        k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-        g = tl.load(G + bh * T + tok)
-        glast = tl.load(G + bh * T + c * BT + BT - 1)
-        to_end = tl.exp(glast - g)[:, None]
-        kdw = _chunk_dot(k0 * to_end, tl.trans(dw0), PREC)
-        if TWO_K:
-            tl.store(DH + ((bh * NT + c) * Nv + rv[:, None]) * Nk + rk1[None, :], _out(dw1, DH, PREC),
-                     mask=mv[:, None] & mk1[None, :])
-            q1 = tl.load(Q + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-            k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-            kdw += _chunk_dot(k1 * to_end, tl.trans(dw1), PREC)
-        do = tl.load(DO + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-        du = tl.load(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0) - kdw
-        if SCALE_U:  # U = η v: dv = -η du (v's layout, dtype), dη = -Σ du∘v (a partial sum per Dv tile)
-            eta = tl.load(ETA + bh * T + tok)
-            vt = tl.load(V + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
-            tl.store(DV + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :],
-                     _out(-eta[:, None] * du, DV, PREC), mask=mv[None, :])
-            tl.store(DETA + (iv * tl.num_programs(1) + bh) * T + tok, -tl.sum(du * vt.to(tl.float32), axis=1))
-        else:
-            tl.store(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], du, mask=mv[None, :])
-        dog = tl.trans(do * tl.exp(g)[:, None])
-        dw0 = tl.exp(glast) * dw0 + _chunk_dot(dog, q0, PREC)
-        if HAS_WK:
-            wk0 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
-            dw0 += _chunk_dot(tl.trans(du), wk0, PREC)
-        if TWO_K:
-            dw1 = tl.exp(glast) * dw1 + _chunk_dot(dog, q1, PREC)
-            if HAS_WK:
-                wk1 = tl.load(WK + (bh * T + tok[:, None]) * Nk + rk1[None, :], mask=mk1[None, :], other=0.0)
-                dw1 += _chunk_dot(tl.trans(du), wk1, PREC)
-    tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk0[None, :], dw0, mask=mv[:, None] & mk0[None, :])
-    if TWO_K:
-        tl.store(DW_init + (bh * Nv + rv[:, None]) * Nk + rk1[None, :], dw1, mask=mv[:, None] & mk1[None, :])
 
 
 @triton.jit
