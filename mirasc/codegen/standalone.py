@@ -33,15 +33,15 @@ def _kernel_module(name: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
     lines, spans = text.splitlines(True), {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
-            name = node.name
+            defined = node.name
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
+            defined = node.targets[0].id
         else:
             continue
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         while first > 1 and lines[first - 2].startswith("#"):
             first -= 1
-        spans[name] = (first, node.end_lineno)
+        spans[defined] = (first, node.end_lineno)
     return lines, spans
 
 

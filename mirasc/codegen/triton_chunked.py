@@ -70,8 +70,8 @@ CHANNEL_PREPARATION = ("_wy_fwd", "_wy_bwd")  # on the key-channel scores
 
 
 def chunk_kernels_source(family: str, flags: dict[str, bool]) -> str:
-    """The Triton kernels a chunk family launches (and the functions they call), in launch-independent order: the
-    delta family's inverse; the momentum scans, or the state scans (one kernel each for both decays), one decay
+    """The Triton kernels a chunk family launches (and the functions they call), each defined once: the delta
+    family's inverse; the momentum scans, or the state scans (one kernel each for both decays), one decay
     variant's chunk-parallel backward (with the scores kernels and the preparation where the family has them) and
     the output kernel."""
     parts = [("chunk", ("_unit_lower_inverse",))] if flags["chunk_delta"] else []
