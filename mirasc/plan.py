@@ -53,7 +53,10 @@ class Plan:
         """How the dots of 16-bit inputs multiply (docs/semantics.md, "Numerics"): "input" (16-bit operands on the
         tensor cores: the chunk kernels of per-head and key-channel decays, the momentum delta scans), "split" (the
         MLP memories' mini-batch kernels, chunk readouts included: fp32 operands as two bf16 parts, Triton's bf16x3)
-        or "ieee" (exact fp32: the linear memories' chunk readouts)."""
+        or "ieee" (exact fp32: the linear memories' chunk readouts, and a feature map or normaliser around a linear
+        memory, whose op computes φ(q), φ(k) and [v, 1] in fp32 and hands them to the memory so)."""
+        if self.kernels is not None and self.kernels.spec.composite:
+            return "ieee"
         if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch",
                                                                              "momentum"):
             return "input"
