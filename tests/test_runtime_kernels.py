@@ -290,3 +290,8 @@ def test_emitted_modules_carry_the_runtime_kernels():
     for module, source in (("attention", softmax), ("flash", softmax), ("attention", stick), ("stickbreaking", stick)):
         assert kernels_source(module) in source, module
     assert "def _sb_fwd" not in softmax and "def _flash_fwd(" not in stick
+
+
+def test_a_missing_kernel_is_named():
+    with pytest.raises(KeyError, match=r"mirasc/runtime/kernels/chunk.py defines no _no_such_kernel"):
+        kernels_source("chunk", ("_row", "_no_such_kernel"))
