@@ -14,8 +14,8 @@ WY/UT system in the preparation too; erase=kappa, whose erase (η ⊙ κ) and wr
 each token to the kernels as two rows, an erase row and a write row with the same decay (the template's header).
 The momentum delta rule (l2, momentum, gates per head) is the exception: its state [W, S] mixes W and S through a
 2x2 factor per token that no diagonal decay expresses, so it has its own scan kernels over (W, S) and computes the
-chunk-parallel parts (outputs, gradients) as torch matmuls on the chunk states they store (the template's
-"Momentum delta rule" block).
+chunk-parallel parts (outputs, gradients) as torch matmuls on the chunk states they store (the kernels and the
+recurrence: mirasc/runtime/kernels/momentum.py).
 
 Nothing here is printed from the IR: the kernels are fixed, real modules, and `chunk_kernels_source` picks those a
 family launches.
