@@ -53,10 +53,14 @@ class Plan:
         """How the dots of 16-bit inputs multiply (docs/semantics.md, "Numerics"): "input" (16-bit operands on the
         tensor cores: the chunk kernels of per-head and key-channel decays, the momentum delta scans), "split" (the
         MLP memories' mini-batch kernels, chunk readouts included: fp32 operands as two bf16 parts, Triton's bf16x3)
-        or "ieee" (exact fp32: the linear memories' chunk readouts, and a feature map or normaliser around a linear
-        memory, whose op computes φ(q), φ(k) and [v, 1] in fp32 and hands them to the memory so)."""
-        if self.kernels is not None and self.kernels.spec.composite:
-            return "ieee"
+        or "ieee" (exact fp32: the linear memories' chunk readouts). "input_split": a feature map or normaliser
+        around a linear memory, which hands it φ(q), φ(k) and [v, 1] in the inputs' dtype and takes its output in
+        fp32: 16-bit operands as they are, fp32 ones (the running state, the output's cotangent) as two bf16 parts,
+        because the normaliser's gradient is a difference of nearly equal terms (dq: one bf16 rounding of dO there
+        doubled the error of the torch path)."""
+        composite = self.kernels is not None and self.kernels.spec.composite
+        if self.triton and composite and not self.chunk_readout and self.chunk_family in ("hebbian", "delta"):
+            return "input_split"
         if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch",
                                                                              "momentum"):
             return "input"
@@ -67,7 +71,7 @@ class Plan:
     @property
     def half_in_place(self) -> bool:
         """16-bit q, k, v reach the chunk family's one op as they are (its kernels read them in place)."""
-        return (self.dots == "input" and not self.features
+        return (self.dots in ("input", "input_split") and not self.features
                 and one_chunk_op(self.kernels.spec, self.chunk_family or ""))
 
     @property
@@ -112,6 +116,8 @@ class Plan:
 
 
 DOTS = {"input": "16-bit operands on the tensor cores, fp32 accumulation",
+        "input_split": "16-bit operands as they are and fp32 ones (the state, dO) as two bf16 parts each on the "
+                       "tensor cores, fp32 accumulation",
         "split": "fp32 operands as two bf16 parts each on the tensor cores (about 16 bits), fp32 accumulation",
         "ieee": "fp32 (exact products)"}
 FLASH = ("flash", "stickbreaking")

@@ -247,6 +247,8 @@ def test_packed_sequences_in_one_launch(name):
 INPUT_DOTS = set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS + MULTISTEP_CHUNK_SPECS
                  + PRECOND_CHUNK_SPECS)
 SPLIT_DOTS = {"titans", "moneta", "memora"}  # fp32 operands as two bf16 parts (the MLP memories' mini-batch kernels)
+# 16-bit features and values as they are, the fp32 state and dO as two bf16 parts (a feature map or normaliser)
+INPUT_SPLIT_DOTS = set(COMPOSITE_CHUNK_SPECS)
 
 
 class _Launched(Exception):
@@ -254,7 +256,8 @@ class _Launched(Exception):
 
 
 DOTS_CHECKED = sorted(set(CHUNK_SPECS + CHANNEL_CHUNK_SPECS + GDELTA_CHUNK_SPECS + MOMENTUM_CHUNK_SPECS
-                          + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS + ["titans", "moneta", "memora"]))
+                          + MULTISTEP_CHUNK_SPECS + PRECOND_CHUNK_SPECS + COMPOSITE_CHUNK_SPECS
+                          + ["titans", "moneta", "memora"]))
 
 
 @pytest.mark.parametrize("name", DOTS_CHECKED)
@@ -276,9 +279,11 @@ def test_dot_precision_policy(name, monkeypatch):
         ex = {"extras": {n: k for n in mod.EXTRAS}} if getattr(mod, "EXTRAS", ()) else {}
         with pytest.raises(_Launched):
             mod.apply(q, k, v, gates, state=mod.init_state(1, 1, 8, 8), backend="triton", algorithm="chunked", **ex)
-    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["bf16x3"] * 2 if name in SPLIT_DOTS else ["ieee"] * 2)
+    expected = (["bf16", "fp16"] if name in INPUT_DOTS else ["bf16x3"] * 2 if name in SPLIT_DOTS
+                else ["bf16x2"] * 2 if name in INPUT_SPLIT_DOTS else ["ieee"] * 2)
     assert seen == expected + ["ieee"]
-    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "split" if name in SPLIT_DOTS else "ieee")
+    assert mod.HALF_DOTS == ("input" if name in INPUT_DOTS else "split" if name in SPLIT_DOTS
+                             else "input_split" if name in INPUT_SPLIT_DOTS else "ieee")
 
 
 # 16-bit inputs on the tensor cores (docs/semantics.md "Numerics"): every product of the chunk kernels takes operands
@@ -293,11 +298,19 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("name", ["gated_deltanet", "mamba2", "longhorn", "ttt_linear", "comba", "kda", "rwkv7",
-                                  "momentum_deltanet"])
+                                  "momentum_deltanet", "linear_attention_elu", "hedgehog"])
 def test_half_inputs_round_only_operands(name, dtype):
+    """(Under a feature map and normaliser, φ(q) and φ(k) are rounded to the inputs' type as the memory's operands:
+    the torch path rounds them too, so its error is the bound's reference.)"""
     mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
-    assert mod._dot_precision(torch.empty(0, dtype=dtype)) == ("bf16" if dtype == torch.bfloat16 else "fp16")
-    q, k, v, gates, state = inputs(mod, 1, 40, 1, 32, 24, dtype=dtype)
+    composite = name in INPUT_SPLIT_DOTS
+    assert mod._dot_precision(torch.empty(0, dtype=dtype)) == (
+        "bf16x2" if composite else "bf16" if dtype == torch.bfloat16 else "fp16")
+    q, k, v, gates, state = inputs(mod, 1, 40, 1, 16 if composite else 32, 24, dtype=dtype)
+    if composite:  # the state in feature space: W [B, H, Dv, Dφ] and the normaliser's z > 0 [B, H, 1, Dφ]
+        g = torch.Generator().manual_seed(3)
+        width = mod.feature_dim(16)
+        state = {"W": 0.3 * torch.randn(1, 1, 24, width, generator=g), "z": 0.5 + torch.rand(1, 1, 1, width, generator=g)}
     if "S_W" in mod.init_state(1, 1, 32, 24):  # (momentum: a non-zero initial velocity too)
         state["S_W"] = 0.1 * torch.randn(state["W"].shape, generator=torch.Generator().manual_seed(2))
     gates = {n: g.to(dtype).float() for n, g in gates.items()}  # gates the 16-bit run and the reference share

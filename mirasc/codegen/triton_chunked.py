@@ -53,7 +53,8 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              # a key-channel decay's scores, preparation and scan as one op (plan.one_chunk_op)
              "wy_fused": family == "delta" and sides.get("alpha") == "k" and one_chunk_op(spec, family),
              "one_op": one_chunk_op(spec, family),  # (the helpers those paths share)
-             "features": features}  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
+             "features": features,  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
+             "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
             .replace("{{GPU_LIMITS}}", gpu_limits_source().rstrip("\n"))
