@@ -310,7 +310,8 @@ def test_half_inputs_round_only_operands(name, dtype):
     if composite:  # the state in feature space: W [B, H, Dv, Dφ] and the normaliser's z > 0 [B, H, 1, Dφ]
         g = torch.Generator().manual_seed(3)
         width = mod.feature_dim(16)
-        state = {"W": 0.3 * torch.randn(1, 1, 24, width, generator=g), "z": 0.5 + torch.rand(1, 1, 1, width, generator=g)}
+        state = {"W": 0.3 * torch.randn(1, 1, 24, width, generator=g),
+                 "z": 0.5 + torch.rand(1, 1, 1, width, generator=g)}
     if "S_W" in mod.init_state(1, 1, 32, 24):  # (momentum: a non-zero initial velocity too)
         state["S_W"] = 0.1 * torch.randn(state["W"].shape, generator=torch.Generator().manual_seed(2))
     gates = {n: g.to(dtype).float() for n, g in gates.items()}  # gates the 16-bit run and the reference share
