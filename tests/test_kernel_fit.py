@@ -46,6 +46,8 @@ CASES = [
     ("gla", "sm_80", 128, "float32", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     ("kda", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
     ("kda", "sm_80", 64, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
+    # the preconditioner's fp32 keys and per-channel rates in the key-channel preparation (64-wide key tiles spilled)
+    ("precond_kda", "sm_80", 128, "bfloat16", "chunked", CHUNK_KERNELS | SCORES_KERNELS | WY_KERNELS),
     # the generalized delta transition (RWKV-7: two kernel rows per token, the scores of chunk // 2 tokens)
     ("rwkv7", "sm_80", 128, "bfloat16", "chunked", {"_chunk_state_fwd", "_chunk_output_fwd"}),
     # the momentum delta rule's own scans (state [W, S]; fp32 dots: the one spill-free configuration kept; bf16
@@ -80,7 +82,8 @@ CASES = [
 KERNELS = {"chunked": CHUNK_KERNELS,
            "recurrent": {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}}
 # the specs whose chunk kernels take 16-bit operands for 16-bit inputs (the module's HALF_DOTS = "input")
-BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "rwkv7", "momentum_deltanet"}
+BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "precond_kda", "rwkv7",
+                      "momentum_deltanet"}
 # and those whose fp32 operands go to the tensor cores as two bf16 parts each (HALF_DOTS = "split": bf16x3;
 # "input_split": bf16x2, the 16-bit ones as they are)
 BF16_SPLIT_SPECS = {"titans", "linear_attention_elu"}
@@ -94,6 +97,7 @@ MINIBATCH_KERNELS = {"_minibatch_stream_fwd", "_minibatch_stream_fwd_end", "_min
 # a key-channel decay also launches the kernels of its cumulative log-decays and of its chunk-local scores (the
 # output's; the delta family's preparation's, and their backward)
 EXTRA_KERNELS = {"kda": SCORES_KERNELS | WY_KERNELS | LOG_DECAY_KERNELS,
+                 "precond_kda": SCORES_KERNELS | WY_KERNELS | LOG_DECAY_KERNELS,
                  "rwkv7": SCORES_KERNELS | LOG_DECAY_KERNELS, "gla": {"_chunk_scores_fwd"} | LOG_DECAY_KERNELS,
                  "gated_deltanet": WY_KERNELS, "deltanet": WY_KERNELS}  # (per-head decay: the preparation kernels)
 
