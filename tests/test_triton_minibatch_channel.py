@@ -149,17 +149,26 @@ def module_fn(mod, **kw):
     return lambda q, k, v, g, s: mod.apply(q, k, v, g, state=s, **kw)
 
 
-# Tolerance: float32 kernels against the float64 reference; measured at most 2e-5 over every case, schedule
-# and compared tensor (Memora's chunk readout, which differentiates log W, is the largest).
+# Tolerance: float32 kernels against the float64 reference, 1e-4 — or, where the case itself is worse conditioned
+# in float32, 3x the error of the module's own float32 torch recurrence on it (`yard`), as 16-bit inputs are
+# judged.
+# Memora's chunk readout differentiates log W: its kernels measured at most 2e-5 on one x86 machine and 2.4e-4
+# (final W1) on another with AVX-512, where the module's float32 torch recurrence is 2.3e-4 off too.
 TOL = 1e-4
 
 
-def compare(name, got, ref):
-    for (label, a), (_, b) in zip(got, ref):
+def compare(name, got, ref, yard=None):
+    for i, ((label, a), (_, b)) in enumerate(zip(got, ref)):
         if b.norm() == 0:  # lq's unread initial W only
             assert a.norm() == 0, (label, a.norm().item())
             continue
-        assert rel(a, b) < TOL, (name, label, rel(a, b))
+        bound = TOL if yard is None else max(TOL, 3 * rel(yard[i][1], b))
+        assert rel(a, b) < bound, (name, label, rel(a, b), bound)
+
+
+def torch_fp32(mod, data):
+    """The yardstick: the module's float32 torch recurrence (the token loop) on the same case."""
+    return run(module_fn(mod, backend="torch", algorithm="recurrent"), data, f32)
 
 
 SHAPE = {"titans_lr_v": (1, 37, 2, 8), "ttt_mlp_lr_v": (2, 10, 1, 8), "deep_tanh_lr_v": (1, 19, 2, 8),
@@ -185,7 +194,7 @@ def test_single_tile_kernels_match_the_reference(name):
     assert mod._mb_schedule(8, 8, torch.device("cpu")) == "tile"
     data = case(name, *SHAPE[name])
     got = run(module_fn(mod, backend="triton", algorithm="chunked"), data, f32)
-    compare(name, got, reference(name, SHAPE[name]))
+    compare(name, got, reference(name, SHAPE[name]), torch_fp32(mod, data))
 
 
 # The streamed kernels (the GPU schedule: weights in global memory, every dimension in 16-wide tiles), one case
@@ -203,7 +212,7 @@ def test_streamed_kernels_match_the_reference(name, monkeypatch):
     shape = STREAM_SHAPE[name]
     data = case(name, *shape)
     got = run(module_fn(mod, backend="triton", algorithm="chunked"), data, f32)
-    compare(name, got, reference(name, shape))
+    compare(name, got, reference(name, shape), torch_fp32(mod, data))
 
 
 def test_eta_enters_the_derived_gradient_graph():
