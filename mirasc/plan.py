@@ -58,12 +58,9 @@ class Plan:
         fp32: 16-bit operands as they are, fp32 ones (the running state, the output's cotangent) as two bf16 parts,
         because the normaliser's gradient is a difference of nearly equal terms (dq: one bf16 rounding of dO there
         doubled the error of the torch path)."""
-        composite = self.kernels is not None and self.kernels.spec.composite
-        if self.triton and composite and not self.chunk_readout and self.chunk_family in ("hebbian", "delta"):
-            return "input_split"
         if self.triton and not self.chunk_readout and self.chunk_family in ("hebbian", "delta", "gdelta", "minibatch",
                                                                              "momentum"):
-            return "input"
+            return "input_split" if self.kernels.spec.composite else "input"
         if self.triton and self.minibatch:
             return "split"
         return "ieee"

@@ -107,3 +107,11 @@ def test_describe_gives_every_reason():
                      "16-bit q, k, v: read in place by one op (as the [B, T, H, D] tensors given, T a whole number "
                      "of chunks)"]
     assert not any(line.startswith("16-bit q, k, v") for line in compiled("titans").plan.describe())
+
+
+def test_a_feature_map_splits_the_fp32_operands_on_every_chunk_family():
+    """A feature map hands the memory 16-bit features and takes its output in fp32 whichever chunk family runs it:
+    the dots policy follows the composite, not the family (here the mini-batch family of an ℓ2 write)."""
+    text = "model m {\n memory = linear(feature=elu1)\n bias = l2\n learner = gd(lr=gate)\n parallel = minibatch(16)\n}"
+    plan = compile_parts(text).plan
+    assert plan.chunk_family == "minibatch" and plan.dots == "input_split"
