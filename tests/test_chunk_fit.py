@@ -2,8 +2,9 @@
 based fp32 D = 64 and hedgehog bf16 D = 128 launched a kernel with an empty space and failed with a TypeError).
 
 The spaces (`_chunk_configs`, `_mom_configs`) are plain Python, so this runs on the CPU: at the key widths the
-feature maps give (based's Taylor map 1 + D + D(D+1)/2, hedgehog's 2D) and the shared memory of sm_90
-(SMEM_LIMIT[(9, 0)]), a scan kernel has no configuration; the module must then (a) refuse with a RuntimeError that
+feature maps give (based's Taylor map 1 + D + D(D+1)/2, hedgehog's 2D) beyond the scans' 256 padded key columns,
+or at a chunk tile whose preparation needs more than the shared memory of sm_90 (SMEM_LIMIT[(9, 0)]), a kernel
+has no configuration; the module must then (a) refuse with a RuntimeError that
 names the kernels, the sizes and `backend='torch'`, before anything launches, (b) let backend="auto" pick torch,
 and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces were
 empty before). A device that "looks like" CUDA is a stand-in object with `type == "cuda"` and the module's
@@ -43,18 +44,23 @@ def on_sm90(mod, monkeypatch):
     monkeypatch.setattr(mod, "_device_smem_limit", lambda device: sm90(mod))
 
 
+SCANS = {"_chunk_state_fwd", "_chunk_state_bwd"}
+
+
 @pytest.mark.parametrize("name,D,prec,empty", [
-    ("based", 64, "ieee", {"_chunk_state_fwd", "_chunk_state_bwd"}),  # Dk = 2145: 4096 padded key columns
-    ("hedgehog", 128, "bf16", {"_chunk_state_bwd"}),  # Dk = 256: the reverse scan needs 228 KB at its smallest
+    ("based", 64, "ieee", SCANS),  # Dk = 2145: 4096 padded key columns
+    ("hedgehog", 256, "bf16x2", SCANS),  # Dk = 512: two K blocks of 256 would spill in every configuration
 ])
 def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
     mod = mods[name]
     Dk, Dv = widths(mod, D)
     BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
     assert {n for n in mod._CHUNK_LAUNCHED if not mod._chunk_configs(n, Dk, Dv, BT, sm90(mod), prec)} == empty
-    assert all(mod._chunk_configs(n, Dk, Dv, BT, None, prec) for n in mod._CHUNK_LAUNCHED)  # the model prunes them
+    # the scans' space itself is empty there (registers), whatever the shared memory
+    assert {n for n in mod._CHUNK_LAUNCHED if not mod._chunk_configs(n, Dk, Dv, BT, None, prec)} == empty
     msg = mod._chunk_fit_error(Dk, Dv, BT, prec, sm90(mod))
-    for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "feature map"):
+    for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "feature map",
+                 "in registers", "at most 256"):
         assert part in msg, (part, msg)
     on_sm90(mod, monkeypatch)
     with pytest.raises(RuntimeError, match="backend='torch'"):  # the launch path's check, on a "CUDA" device
@@ -68,8 +74,18 @@ def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
 
 def test_hedgehog_refusal_names_the_ways_out(mods):
     mod = mods["hedgehog"]
-    msg = mod._chunk_fit_error(256, 129, 64, "tf32", sm90(mod))
-    assert "chunk_size <= 32" in msg and "key widths up to 128" in msg and "D <= 64" in msg, msg
+    msg = mod._chunk_fit_error(512, 257, 64, "tf32", sm90(mod))
+    assert "key widths up to 256" in msg and "D <= 128" in msg and "chunk_size <=" not in msg, msg
+
+
+def test_a_chunk_tile_beyond_shared_memory_is_refused_with_the_chunk_sizes_that_fit(mods):
+    """The delta rule's preparation holds [BT, BT] tiles: a chunk tile of 256 rows is past sm_90's shared memory
+    (the model), while 64 rows fit; the refusal names the chunk sizes that do."""
+    mod = mods["gated_deltanet"]
+    assert not mod._chunk_configs("_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
+    assert mod._chunk_configs("_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
+    msg = mod._chunk_fit_error(128, 128, 256, "bf16", sm90(mod))
+    assert "_wy_fwd" in msg and "KB at its smallest" in msg and "chunk_size <= 64 " in msg, msg
 
 
 class _Launched(Exception):
@@ -80,7 +96,7 @@ def _no_launch(*args, **kwargs):
     raise _Launched("a chunk kernel was about to launch")
 
 
-@pytest.mark.parametrize("name,D,dtype", [("based", 64, torch.float32), ("hedgehog", 128, torch.bfloat16)])
+@pytest.mark.parametrize("name,D,dtype", [("based", 64, torch.float32), ("hedgehog", 256, torch.bfloat16)])
 def test_apply_refuses_before_any_launch(mods, monkeypatch, name, D, dtype):
     """backend='triton' at sizes with no configuration: the RuntimeError comes before any kernel is chosen (the
     target's limit set as `mirasc kernels` sets it, so CPU tensors take the GPU's decision)."""
@@ -105,8 +121,10 @@ class _CudaLooking(torch.Tensor):
 
 @pytest.mark.parametrize("name,D,dtype,triton_expected", [
     ("based", 64, torch.float32, False),
-    ("hedgehog", 128, torch.bfloat16, False),
+    ("hedgehog", 256, torch.bfloat16, False),
     ("hedgehog", 16, torch.bfloat16, True),  # Dk = 32 fits: auto keeps the kernels
+    ("hedgehog", 128, torch.bfloat16, True),  # Dk = 256: two K blocks of 128
+    ("based", 16, torch.bfloat16, True),  # Dk = 153 (Based's own feature size)
 ])
 def test_auto_picks_torch_where_nothing_fits(mods, monkeypatch, name, D, dtype, triton_expected):
     mod = mods[name]
@@ -127,13 +145,13 @@ def test_auto_picks_torch_where_nothing_fits(mods, monkeypatch, name, D, dtype, 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "rwkv7", "momentum_deltanet", "hedgehog"])
 def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
-    """Heads 16..128 (hedgehog: 16..64, Dk up to 128) fit sm_90 in every dot precision: every launched kernel keeps a
-    configuration, auto keeps the kernels and the launch check passes. Heads of 16 (and a value width of 16
+    """Heads 16..256 (hedgehog: 16..128, Dk up to 256) fit sm_90 in every dot precision: every launched kernel keeps
+    a configuration, auto keeps the kernels and the launch check passes. Heads of 16 (and a value width of 16
     under wider keys) get 16-wide tiles."""
     mod = mods[name]
     on_sm90(mod, monkeypatch)
     chunk = mod._chunk_length(None)
-    for D in ((16, 32, 64) if name == "hedgehog" else (16, 32, 64, 128)):
+    for D in ((16, 32, 64, 128) if name == "hedgehog" else (16, 32, 64, 128, 256)):
         Dk, Dv = widths(mod, D)
         for dims in ((Dk, Dv), (Dk, 16)):
             for prec in ("ieee", "tf32", "bf16"):

@@ -417,3 +417,10 @@ def test_half_inputs_read_in_place(name):
     assert seen == [True, True]
     for a, b in zip(*runs):
         assert rel(a.double(), b.double()) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda"])
+def test_widest_key_blocks(name):
+    """Key widths up to 256 padded columns run on the kernels (the scans' two K blocks of 128): Dk = 200, masked
+    columns in the second block, per-head and key-channel decays, against the float64 recurrence."""
+    check(compile_named(name), (1, 21, 1, 200, 20), chunk=16)
