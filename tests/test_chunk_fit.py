@@ -1,13 +1,13 @@
-"""The chunk kernels' GPU autotuning spaces and the refusal where they are empty (first GPU run, 2026-12-04:
-based fp32 D = 64 and hedgehog bf16 D = 128 launched a kernel with an empty space and failed with a TypeError).
+"""The chunk kernels' GPU autotuning spaces and the refusal where they are empty (a launch over an empty space
+would fail inside the autotuner with a TypeError, not with the reason).
 
-The spaces (`_chunk_configs`, `_mom_configs`) are plain Python, so this runs on the CPU: at the key widths the
-feature maps give (based's Taylor map 1 + D + D(D+1)/2, hedgehog's 2D) beyond the scans' 256 padded key columns,
-or at a chunk tile whose preparation needs more than the shared memory of sm_90 (SMEM_LIMIT[(9, 0)]), a kernel
-has no configuration; the module must then (a) refuse with a RuntimeError that
+The spaces (the module's `_CHUNK_AUTOTUNE`, from mirasc.runtime.chunk_space; `_mom_configs`) are plain Python, so
+this runs on the CPU. At the key widths the feature maps give (Based's Taylor map 1 + D + D(D+1)/2, Hedgehog's 2D)
+beyond the scans' 256 padded key columns, or at a chunk tile whose preparation needs more than the shared memory of
+sm_90 (SMEM_LIMIT[(9, 0)]), a kernel has no configuration; the module must then (a) refuse with a RuntimeError that
 names the kernels, the sizes and `backend='torch'`, before anything launches, (b) let backend="auto" pick torch,
-and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces were
-empty before). A device that "looks like" CUDA is a stand-in object with `type == "cuda"` and the module's
+and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces need
+16-wide tiles). A device that "looks like" CUDA is a stand-in object with `type == "cuda"` and the module's
 `_device_smem_limit` patched to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc kernels`)."""
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ def widths(mod, D):
     return mod.feature_dim(D) if hasattr(mod, "feature_dim") else D, D + int(getattr(mod, "NORMALIZE", False))
 
 
+def configs(mod, name, Dk, Dv, BT, smem_limit, prec):
+    """The module's autotuning space of kernel `name` at these sizes (what its autotuner and `mirasc kernels` read)."""
+    return mod._CHUNK_AUTOTUNE[name]({"Nk": Dk, "Nv": Dv, "BT": BT, "PREC": prec}, smem_limit)
+
+
 def on_sm90(mod, monkeypatch):
     monkeypatch.setattr(mod, "_device_smem_limit", lambda device: sm90(mod))
 
@@ -55,9 +60,9 @@ def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
     mod = mods[name]
     Dk, Dv = widths(mod, D)
     BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
-    assert {n for n in mod._CHUNK_LAUNCHED if not mod._chunk_configs(n, Dk, Dv, BT, sm90(mod), prec)} == empty
+    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, sm90(mod), prec)} == empty
     # the scans' space itself is empty there (registers), whatever the shared memory
-    assert {n for n in mod._CHUNK_LAUNCHED if not mod._chunk_configs(n, Dk, Dv, BT, None, prec)} == empty
+    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, None, prec)} == empty
     msg = mod._chunk_fit_error(Dk, Dv, BT, prec, sm90(mod))
     for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "feature map",
                  "in registers", "at most 256"):
@@ -82,8 +87,8 @@ def test_a_chunk_tile_beyond_shared_memory_is_refused_with_the_chunk_sizes_that_
     """The delta rule's preparation holds [BT, BT] tiles: a chunk tile of 256 rows is past sm_90's shared memory
     (the model), while 64 rows fit; the refusal names the chunk sizes that do."""
     mod = mods["gated_deltanet"]
-    assert not mod._chunk_configs("_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
-    assert mod._chunk_configs("_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
+    assert not configs(mod, "_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
+    assert configs(mod, "_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
     msg = mod._chunk_fit_error(128, 128, 256, "bf16", sm90(mod))
     assert "_wy_fwd" in msg and "KB at its smallest" in msg and "chunk_size <= 64 " in msg, msg
 
@@ -166,7 +171,7 @@ def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
 def test_small_heads_get_16_wide_tiles(mods):
     mod = mods["gated_deltanet"]
     for kernel in ("_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_grads_bwd"):
-        configs = mod._chunk_configs(kernel, 16, 16, 64, sm90(mod), "tf32")
-        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in configs} == {(16, 16)}
-        wide = mod._chunk_configs(kernel, 64, 64, 64, sm90(mod), "tf32")  # unchanged where the tiles fit
+        small = configs(mod, kernel, 16, 16, 64, sm90(mod), "tf32")
+        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in small} == {(16, 16)}
+        wide = configs(mod, kernel, 64, 64, 64, sm90(mod), "tf32")  # unchanged where the tiles fit
         assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in wide} == {(32, 32), (32, 64), (64, 32), (64, 64)}

@@ -80,6 +80,12 @@ def gpu_limits_source() -> str:
     return body(gpu_limits)
 
 
+def chunk_space_source() -> str:
+    """The chunk kernels' autotuning spaces and resource model (mirasc.runtime.chunk_space; read, not imported:
+    emitting needs no triton)."""
+    return _body((RUNTIME / "chunk_space.py").read_text(encoding="utf-8"))
+
+
 def custom_ops_source() -> str:
     """The custom-op registration (mirasc.runtime.custom_ops) that the sections registering kernel ops carry."""
     return body(custom_ops)

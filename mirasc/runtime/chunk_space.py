@@ -1,0 +1,105 @@
+"""The chunk kernels' GPU autotuning spaces and the resource model that prunes them (a runtime piece: its body is copied
+into every emitted module with chunk kernels, by mirasc.codegen.standalone). A schedule, never what is computed: which
+tiles, warps and stages a GPU may launch for each chunk kernel (docs/kernels.md), and a model of the shared memory each
+configuration needs, an upper bound of what ptxas reports (checked by `mirasc kernels`: every kept configuration must
+fit, tests/test_kernel_fit.py). `ch` is the module's decay layout: a log-decay per key channel (True) or per head."""
+
+import triton
+
+SUB = 16  # rows of a sub-block (key-channel decay): the scores and gradients kernels take one per program
+# The scans hold the state's rows over every padded key column in registers, as at most two K blocks: up to 256
+# columns (blocks of 128). Wider (blocks of 256) the reverse scan spills 0.9-4 KB in every configuration on sm_90
+# (Hedgehog at D = 256, Dk = 512), so the scans have no configuration there and such sizes are refused.
+SCAN_MAX_K = 256
+_SCANS = ("_chunk_state_fwd", "_chunk_state_bwd")
+
+
+def _chunk_smem_estimate(name, meta, ch):
+    """Bytes of shared memory a configuration needs: a model, an upper bound of what ptxas reports. The chunk-parallel
+    kernels: every tile a loop iteration loads, fp32, once per pipeline stage, plus the [BT, BT] intermediates (at
+    Dk = Dv = 128, BT = 64, bf16, sm_90 above ptxas for every configuration, by ~20% for the largest). The scans
+    (`_scan_smem_estimate`) stage their loop's tiles only when pipelined."""
+    BT, BV, BK = meta["BT"], meta["BV"], meta["BK"]
+    stages = meta.get("num_stages", 1)
+    if name in _SCANS:
+        return _scan_smem_estimate(name, BT, BV, meta["K_BLOCK"], BK, stages, ch)
+    if name in ("_wy_fwd", "_wy_bwd"):  # K, W (or Wk, dWk) and V (or U, dU) tiles; S, A and their kin [BT, BT]
+        return 4 * (stages * (2 * BT * BK + 2 * BT * BV) + 4 * BT * BT)
+    if ch:  # the gradients' sub-blocks hold chunk tiles and a [BC, BC, BK] factor
+        BC = SUB
+        if name == "_chunk_du_local_bwd":  # A and dA [BT, BT]; dO and u tiles
+            return 4 * (stages * 2 * BT * BV + 2 * BT * BT)
+        if name == "_chunk_grads_bwd":
+            return 4 * (stages * (2 * BV * BK + 2 * BC * BV) + 3 * BT * BK + 2 * BC * BT + 2 * BC * BC * BK)
+    if name in ("_chunk_output_fwd", "_chunk_du_local_bwd"):
+        return 4 * (stages * (2 * BT * BK + BV * BK) + BT * BT + BT * BV)
+    return 4 * (stages * (2 * BV * BK + 3 * BT * BV) + 2 * BT * BK + BT * BT)  # _chunk_grads_bwd
+
+
+def _scan_smem_estimate(name, BT, BV, BKb, full_k, stages, ch):
+    """The scans' shared memory (bytes), an upper bound of ptxas: the operands of their products staged once, fp32
+    ([BT, BKb] and [BV, BKb] for a K block of BKb columns, [BT, BV]), and, pipelined (stages > 1), stages - 1
+    copies of a sub-block's loaded tiles over all full_k key columns, fp32: k and Wk (and q in the reverse scan; g
+    with a key-channel decay, whose sub-blocks are SUB rows), and [BC, BV] of u or dO. Measured with ptxas for sm_90
+    and sm_80 on the whole space at key widths 128 to 256 (per-head and key-channel decays, a feature map's bf16x2
+    dots): at most 70% of this; the old model, every tile staged per stage, was up to 14x above (228 KB modelled
+    against 16 KB at 256 key columns)."""
+    BC = SUB if ch else BT
+    tiles = (2 if name == "_chunk_state_fwd" else 3) + int(ch)
+    return 4 * ((stages - 1) * (tiles * BC * full_k + BC * BV) + BT * BKb + BV * BKb + BT * BV)
+
+
+def _chunk_space(name, Dk, Dv, BT, prec, ch):
+    """(configuration, modelled shared-memory bytes) of one chunk kernel's whole GPU autotuning space at this
+    shape, ordered as `_chunk_configs` keeps them. The scans hold a [BV, Dk] state tile as one block or, above
+    Dk = 64, as two [BV, Dk/2] blocks (TWO_K; no configuration above SCAN_MAX_K); the chunk-parallel kernels tile
+    Dk in BK blocks. A tile wider than the padded dimension is that dimension (at Dk or Dv <= 16: 16-wide tiles, the
+    interpreter's)."""
+    full_k = max(16, triton.next_power_of_2(Dk))
+    full_v = max(16, triton.next_power_of_2(Dv))
+    scan = name in _SCANS
+    if scan and full_k > SCAN_MAX_K:
+        return []
+    fma = prec == "ieee"
+    out, seen = [], set()
+    grads = name == "_chunk_grads_bwd"
+    bvs = ((16, 32) if fma else (16, 32, 64)) if scan else ((32,) if fma else (32, 64))
+    # (the gradients kernel with 16-bit operands: BK = 32 spills 280+ B on sm_80 at D = 128, BK = 16 none)
+    bks = (32,) if fma else (16, 32) if grads and prec in ("bf16", "fp16", "bf16x2") else (32, 64)
+    if name == "_wy_bwd" and not fma:  # (sm_80 at D = 128: 32-wide tiles spill)
+        bvs, bks = (16, 32), (16, 32)
+    if name == "_wy_fwd" and ch and not fma:
+        # the key-channel preparation's key loop (e^x, the split inverse, a [BT, BK] tile): 64-wide spills on sm_80
+        # at D = 128 (KDA 40-208 B; after the preconditioner's fp32 keys 592-776 B), 16-wide nothing
+        bks = (16, 32)
+    if ch and grads:  # (one 16-row sub-block per program)
+        bvs, bks = (16, 32), (16, 32)
+    if ch and name == "_chunk_du_local_bwd":  # (reads no key: one BK)
+        bks = bks[:1]
+    for bv in bvs:
+        for bk in (((full_k // 2 if full_k > 64 else full_k),) if scan else bks):
+            bv, bk = min(bv, full_v), min(bk, full_k)
+            if (bv, bk) in seen:
+                continue
+            seen.add((bv, bk))
+            extra = {"TWO_K": 2 * bk == full_k} if scan else {}
+            # the gradients' sub-blocks with a channel decay and the preparation's backward (five [BT, BT] tiles):
+            # 4 warps spill
+            for warps in ((8,) if fma or (ch and grads) or name == "_wy_bwd" else (8, 4)):
+                for stages in (1, 2):
+                    meta = dict(BT=BT, BV=bv, BK=full_k if scan else bk, K_BLOCK=bk, num_stages=stages)
+                    out.append((triton.Config({"BV": bv, "BK": bk, **extra}, num_warps=warps, num_stages=stages),
+                                _chunk_smem_estimate(name, meta, ch)))
+    return out
+
+
+def _chunk_configs(name, Dk, Dv, BT, smem_limit, prec, ch):
+    """The GPU autotuning space of one chunk kernel at this shape (`_chunk_space`), pruned to what fits
+    `smem_limit` (None: the whole space); empty where nothing fits (the module's `_chunk_fit_error` says why).
+    Ordered from the safest (smallest tiles, 8 warps, 1 stage: no spills at D = 128) to the largest (nearest the
+    shared-memory limit); `mirasc kernels --extremes` compiles both ends. Full-fp32 dots (prec "ieee", fp32
+    inputs) run on the FMA units with their operands in registers: only the small tiles and 8 warps, which do
+    not spill (ptxas spills 9-17 KB and takes over a minute on 64-wide tiles with 4 warps). With a key-channel
+    decay the gradients kernel takes one 16-row sub-block per program with whole-chunk [BT, BK] tiles and a
+    [16, 16, BK] factor: 16- and 32-wide tiles and 8 warps (4 warps spill at D = 128 on sm_90)."""
+    return [c for c, smem in _chunk_space(name, Dk, Dv, BT, prec, ch) if smem_limit is None or smem <= smem_limit]

@@ -1,0 +1,76 @@
+"""The chunk kernels' resource model (mirasc.runtime.chunk_space), as a unit: its scans' shared memory stays an upper
+bound of what ptxas reported for the configurations nearest it (Triton 3.9, bf16 inputs, chunk tile 64, T = 128:
+`mirasc kernels --all` with the model off, per family, kernel, stages and target the configuration with the highest
+ratio of ptxas to model), wider key widths than the scans hold have no configuration, and each space is ordered from
+the safest configuration to the largest. The emitted modules carry this module's body (docs/kernels.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+from mirasc.runtime import chunk_space as cs  # noqa: E402
+
+# (kernel, key-channel decay, padded key columns, BV, warps, stages, ptxas shared bytes on sm_90, on sm_80)
+MEASURED = [
+    ("_chunk_state_fwd", False, 256, 16, 8, 1, 20480, 20480),     # Gated DeltaNet, D = 256
+    ("_chunk_state_fwd", False, 256, 64, 8, 2, 147716, 82180),
+    ("_chunk_state_fwd", False, 128, 16, 8, 2, 53508, 37124),     # D = 128
+    ("_chunk_state_bwd", False, 256, 64, 8, 1, 32768, 16384),
+    ("_chunk_state_bwd", False, 256, 16, 8, 1, 16384, 16384),
+    ("_chunk_state_bwd", False, 128, 64, 8, 2, 114964, 82196),
+    ("_chunk_state_fwd", True, 256, 64, 8, 1, 38912, 40960),      # KDA, D = 256
+    ("_chunk_state_fwd", True, 256, 64, 8, 2, 71680, 71680),
+    ("_chunk_state_bwd", True, 256, 64, 8, 1, 43008, 40960),
+    ("_chunk_state_bwd", True, 256, 64, 8, 2, 98304, 81920),
+]
+
+
+@pytest.mark.parametrize("kernel,ch,full_k,BV,warps,stages,sm90,sm80", MEASURED)
+def test_scan_model_bounds_ptxas(kernel, ch, full_k, BV, warps, stages, sm90, sm80):
+    space = {(c.kwargs["BV"], c.num_warps, c.num_stages): smem
+             for c, smem in cs._chunk_space(kernel, full_k, full_k, 64, "bf16", ch)}
+    modelled = space[(BV, warps, stages)]
+    assert max(sm90, sm80) <= modelled
+    # and not the old model's margin (every loop tile fp32 in every stage, up to 14x above ptxas)
+    assert modelled <= 3 * max(sm90, sm80)
+
+
+def test_scans_hold_at_most_256_key_columns():
+    for kernel in cs._SCANS:
+        for ch in (False, True):
+            assert cs._chunk_space(kernel, 256, 64, 64, "bf16", ch)
+            assert cs._chunk_space(kernel, 257, 64, 64, "bf16", ch) == []
+    # the chunk-parallel kernels tile Dk: no such limit
+    assert cs._chunk_space("_chunk_output_fwd", 512, 64, 64, "bf16", False)
+
+
+def _key(c):
+    return tuple(sorted(c.kwargs.items())), c.num_warps, c.num_stages
+
+
+def test_spaces_are_ordered_safest_first_and_pruned_by_the_limit():
+    limit = 64 * 1024
+    for kernel in ("_chunk_state_fwd", "_chunk_state_bwd", "_chunk_output_fwd", "_chunk_grads_bwd", "_wy_fwd"):
+        space = cs._chunk_space(kernel, 128, 128, 64, "bf16", False)
+        first = space[0][0]
+        assert (first.kwargs["BV"], first.num_warps, first.num_stages) == (16 if "state" in kernel else 32, 8, 1)
+        kept = cs._chunk_configs(kernel, 128, 128, 64, limit, "bf16", False)
+        assert [_key(c) for c in kept] == [_key(c) for c, smem in space if smem <= limit]
+        assert [_key(c) for c in cs._chunk_configs(kernel, 128, 128, 64, None, "bf16", False)] == \
+            [_key(c) for c, _ in space]
+
+
+def test_emitted_chunk_modules_carry_this_module():
+    """Every module with chunk kernels carries the body of mirasc.runtime.chunk_space as written, once, and binds its
+    decay layout where it calls it (per head: Gated DeltaNet; per key channel: KDA)."""
+    from pathlib import Path
+
+    from mirasc.codegen.standalone import chunk_space_source
+    from mirasc.compiler import compile_text
+
+    specs = Path(__file__).resolve().parents[1] / "specs"
+    for name, ch in (("gated_deltanet", False), ("kda", True)):
+        source = compile_text((specs / f"{name}.miras").read_text()).source
+        assert source.count(chunk_space_source()) == 1
+        assert f"CH_DECAY = {ch}" in source and "_chunk_configs(name, Dk, Dv, BT, limit, prec, CH_DECAY)" in source
