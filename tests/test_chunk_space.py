@@ -16,9 +16,9 @@ MEASURED = [
     ("_chunk_state_fwd", False, 256, 16, 8, 1, 20480, 20480),     # Gated DeltaNet, D = 256
     ("_chunk_state_fwd", False, 256, 64, 8, 2, 147716, 82180),
     ("_chunk_state_fwd", False, 128, 16, 8, 2, 53508, 37124),     # D = 128
-    ("_chunk_state_bwd", False, 256, 64, 8, 1, 32768, 16384),
-    ("_chunk_state_bwd", False, 256, 16, 8, 1, 16384, 16384),
-    ("_chunk_state_bwd", False, 128, 64, 8, 2, 114964, 82196),
+    ("_chunk_state_bwd", False, 256, 64, 8, 1, 32768, 32768),
+    ("_chunk_state_bwd", False, 256, 16, 8, 1, 20480, 20480),
+    ("_chunk_state_bwd", False, 128, 64, 8, 2, 131588, 82436),
     ("_chunk_state_fwd", True, 256, 64, 8, 1, 38912, 40960),      # KDA, D = 256
     ("_chunk_state_fwd", True, 256, 64, 8, 2, 71680, 71680),
     ("_chunk_state_bwd", True, 256, 64, 8, 1, 43008, 40960),
@@ -36,11 +36,15 @@ def test_scan_model_bounds_ptxas(kernel, ch, full_k, BV, warps, stages, sm90, sm
     assert modelled <= 3 * max(sm90, sm80)
 
 
-def test_scans_hold_at_most_256_key_columns():
+def test_scans_hold_at_most_256_key_columns_128_in_fp32():
     for kernel in cs._SCANS:
         for ch in (False, True):
-            assert cs._chunk_space(kernel, 256, 64, 64, "bf16", ch)
-            assert cs._chunk_space(kernel, 257, 64, 64, "bf16", ch) == []
+            for prec in ("bf16", "bf16x2", "tf32"):
+                assert cs._chunk_space(kernel, 256, 64, 64, prec, ch)
+                assert cs._chunk_space(kernel, 257, 64, 64, prec, ch) == []
+            # exact fp32 products (operands in registers): at most 128
+            assert cs._chunk_space(kernel, 128, 64, 64, "ieee", ch)
+            assert cs._chunk_space(kernel, 129, 64, 64, "ieee", ch) == []
     # the chunk-parallel kernels tile Dk: no such limit
     assert cs._chunk_space("_chunk_output_fwd", 512, 64, 64, "bf16", False)
 

@@ -8,9 +8,15 @@ import triton
 
 SUB = 16  # rows of a sub-block (key-channel decay): the scores and gradients kernels take one per program
 # The scans hold the state's rows over every padded key column in registers, as at most two K blocks: up to 256
-# columns (blocks of 128). Wider (blocks of 256) the reverse scan spills 0.9-4 KB in every configuration on sm_90
-# (Hedgehog at D = 256, Dk = 512), so the scans have no configuration there and such sizes are refused.
-SCAN_MAX_K = 256
+# columns (blocks of 128) with 16-bit products. Wider (blocks of 256) the reverse scan spills 0.9-4 KB in every
+# configuration on sm_90 (Hedgehog at D = 256, Dk = 512); with exact fp32 products (FMA units, operands in
+# registers) already 256 columns spill 2-2.4 KB in the reverse scan on sm_80 and sm_90 (Gated DeltaNet, D = 256).
+# Beyond these the scans have no configuration and such sizes are refused.
+SCAN_MAX_K = {"ieee": 128}  # by the dots' precision; every other 256
+
+
+def _scan_max_k(prec):
+    return SCAN_MAX_K.get(prec, 256)
 _SCANS = ("_chunk_state_fwd", "_chunk_state_bwd")
 
 
@@ -42,7 +48,7 @@ def _scan_smem_estimate(name, BT, BV, BKb, full_k, stages, ch):
     copies of a sub-block's loaded tiles over all full_k key columns, fp32: k and Wk (and q in the reverse scan; g
     with a key-channel decay, whose sub-blocks are SUB rows), and [BC, BV] of u or dO. Measured with ptxas for sm_90
     and sm_80 on the whole space at key widths 128 to 256 (per-head and key-channel decays, a feature map's bf16x2
-    dots): at most 70% of this; the old model, every tile staged per stage, was up to 14x above (228 KB modelled
+    dots): at most 80% of this; the old model, every tile staged per stage, was up to 14x above (228 KB modelled
     against 16 KB at 256 key columns)."""
     BC = SUB if ch else BT
     tiles = (2 if name == "_chunk_state_fwd" else 3) + int(ch)
@@ -52,13 +58,13 @@ def _scan_smem_estimate(name, BT, BV, BKb, full_k, stages, ch):
 def _chunk_space(name, Dk, Dv, BT, prec, ch):
     """(configuration, modelled shared-memory bytes) of one chunk kernel's whole GPU autotuning space at this
     shape, ordered as `_chunk_configs` keeps them. The scans hold a [BV, Dk] state tile as one block or, above
-    Dk = 64, as two [BV, Dk/2] blocks (TWO_K; no configuration above SCAN_MAX_K); the chunk-parallel kernels tile
+    Dk = 64, as two [BV, Dk/2] blocks (TWO_K; no configuration above _scan_max_k); the chunk-parallel kernels tile
     Dk in BK blocks. A tile wider than the padded dimension is that dimension (at Dk or Dv <= 16: 16-wide tiles, the
     interpreter's)."""
     full_k = max(16, triton.next_power_of_2(Dk))
     full_v = max(16, triton.next_power_of_2(Dv))
     scan = name in _SCANS
-    if scan and full_k > SCAN_MAX_K:
+    if scan and full_k > _scan_max_k(prec):
         return []
     fma = prec == "ieee"
     out, seen = [], set()

@@ -203,7 +203,10 @@ def _chunk_state_bwd(Q, K, WK, G, DO, DW_final, DH, DU, DW_init, V, ETA, DV, DET
             tok = c * BT + h * BC + rs
             k0 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk0[None, :], mask=mk0[None, :], other=0.0)
             g0 = _log_decay_rows(G, bh, tok, T, Nk, rk0, mk0, CH)
-            kdw = _chunk_dot(k0 * tl.exp(gn0 - g0), tl.trans(dw0), PREC)
+            if CH:  # (a scale per key column: on the key)
+                kdw = _chunk_dot(k0 * tl.exp(gn0 - g0), tl.trans(dw0), PREC)
+            else:  # (a scale per row: on the product, so the key is an operand as loaded, no fp32 copy of it)
+                kdw = _chunk_dot(k0, tl.trans(dw0), PREC)
             if TWO_K:
                 k1 = tl.load(K + _row(bh, tok, T, H, TF)[:, None] * Nk + rk1[None, :], mask=mk1[None, :],
                              other=0.0)
@@ -211,7 +214,9 @@ def _chunk_state_bwd(Q, K, WK, G, DO, DW_final, DH, DU, DW_init, V, ETA, DV, DET
                     g1 = _log_decay_rows(G, bh, tok, T, Nk, rk1, mk1, CH)
                     kdw += _chunk_dot(k1 * tl.exp(gn1 - g1), tl.trans(dw1), PREC)
                 else:
-                    kdw += _chunk_dot(k1 * tl.exp(gn1 - g0), tl.trans(dw1), PREC)
+                    kdw += _chunk_dot(k1, tl.trans(dw1), PREC)
+            if not CH:
+                kdw = kdw * tl.exp(gn0 - g0)
             do = tl.load(DO + _row(bh, tok, T, H, TF)[:, None] * Nv + rv[None, :], mask=mv[None, :], other=0.0)
             du = tl.load(DU + (bh * T + tok[:, None]) * Nv + rv[None, :], mask=mv[None, :], other=0.0) - kdw
             _store_du(du, DU, V, ETA, DV, DETA, bh, iv, tok, rv, mv, T, Nv, H, TF, SCALE_U, PREC)
