@@ -55,8 +55,11 @@ CASES = [
     ("momentum_deltanet", "sm_90", 128, "float32", "chunked", {"_mom_state_fwd", "_mom_state_bwd"}),
     ("momentum_deltanet", "sm_80", 128, "bfloat16", "chunked", {"_mom_state_fwd", "_mom_state_bwd"}),
     # a linear memory under a feature map and normaliser: bf16 features and [v, 1] (width D + 1), the fp32 state
-    # and dO as two bf16 parts (HALF_DOTS = "input_split")
-    ("linear_attention_elu", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS),
+    # and dO as two bf16 parts (HALF_DOTS = "input_split"); Hedgehog's 2D features: the scans' widest key, 256
+    # padded columns in two K blocks of 128
+    ("hedgehog", "sm_90", 128, "bfloat16", "chunked", CHUNK_KERNELS),
+    # heads of 256 on sm_80: every kernel spill-free in 16 bits (the reverse scan's rows scaled after its product)
+    ("gated_deltanet", "sm_80", 256, "bfloat16", "chunked", CHUNK_KERNELS | WY_KERNELS),
     ("transformer", "sm_90", 128, "bfloat16", None, set()),
     # the flash kernels' tiles pruned for sm_80 (fixed 64 x 64 tiles spilled in bf16 and did not fit in fp32)
     ("transformer", "sm_80", 128, "bfloat16", None, {"_flash_fwd", "_flash_bwd_dkdv", "_flash_bwd_dq"}),
@@ -86,7 +89,7 @@ BF16_OPERAND_SPECS = {"gated_deltanet", "deltanet", "mamba2", "gla", "kda", "pre
                       "momentum_deltanet"}
 # and those whose fp32 operands go to the tensor cores as two bf16 parts each (HALF_DOTS = "split": bf16x3;
 # "input_split": bf16x2, the 16-bit ones as they are)
-BF16_SPLIT_SPECS = {"titans", "linear_attention_elu"}
+BF16_SPLIT_SPECS = {"titans", "hedgehog"}
 # pointers each chunk kernel reads in every variant: 16-aligned at the traced launch, so specialized as on a GPU
 SPECIALIZED = {"_chunk_state_fwd": {"K", "G"}, "_chunk_output_fwd": {"Q", "G"}, "_chunk_du_local_bwd": {"DO", "DU"},
                "_chunk_state_bwd": {"K", "G"}, "_chunk_grads_bwd": {"K", "G"}}
@@ -172,7 +175,7 @@ def test_kernels_fit_target(tmp_path, spec, target, dk, dtype, algorithm, no_spi
         for r in rows:  # the five chunk kernels (T = 128); the scores kernels take other names
             if r["kernel"] in KERNELS["chunked"]:
                 # (the normaliser's values [v, 1] are D + 1 wide)
-                aligned = {"T"} | ({"Nv"} if spec != "linear_attention_elu" else set()) | SPECIALIZED[r["kernel"]]
+                aligned = {"T"} | ({"Nv"} if spec != "hedgehog" else set()) | SPECIALIZED[r["kernel"]]
                 assert aligned <= set(r["specialized"]["divisible_by_16"]), f"{r['kernel']}: {r['specialized']}"
     for name in no_spill:
         spills = [r["spill_bytes"] for r in rows if r["kernel"] == name and r["kept"] is not False]
