@@ -84,25 +84,6 @@ def test_flash_tiles_of_different_sizes(monkeypatch, case, tiles):
         assert rel(a, b) < 4e-5, name
 
 
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("smem_limit", [101376, 166912, 232448])
-@pytest.mark.parametrize("elt", [2, 4])
-def test_flash_autotuning_space_keeps_a_configuration(D, smem_limit, elt):
-    """Every flash kernel keeps at least one configuration on GPUs with 99 KB (sm_86/89), 163 KB (sm_80) and
-    227 KB (sm_90) of shared memory per block, each within the limit by the module's model, safest first, for
-    16-bit (elt = 2 bytes) and fp32 operands."""
-    mod = mirasc.compile_spec(CASES["causal"])
-    for name in mod._FLASH_KERNELS:
-        def key(c):
-            return c.kwargs["BM"], c.kwargs["BN"], c.num_warps, c.num_stages
-
-        kept = [key(c) for c in mod._flash_configs(name, D, D, smem_limit, elt)]
-        assert kept, name
-        assert [c for c in map(key, mod._flash_configs(name, D, D, None, elt)) if c in kept] == kept  # same order
-        for bm, bn, _, stages in kept:
-            assert mod._flash_smem_estimate(name, bm, bn, D, D, stages, elt) <= smem_limit
-
-
 def test_no_triton_kernel_is_said_plainly():
     mod = mirasc.compile_spec("model b { memory = nonparametric(kernel=additive)\n bias = l2 }")
     x = torch.randn(1, 4, 1, 8)

@@ -86,6 +86,11 @@ def chunk_space_source() -> str:
     return _body((RUNTIME / "chunk_space.py").read_text(encoding="utf-8"))
 
 
+def flash_space_source() -> str:
+    """The flash kernels' autotuning spaces and resource model (mirasc.runtime.flash_space; read, not imported)."""
+    return _body((RUNTIME / "flash_space.py").read_text(encoding="utf-8"))
+
+
 def custom_ops_source() -> str:
     """The custom-op registration (mirasc.runtime.custom_ops) that the sections registering kernel ops carry."""
     return body(custom_ops)
