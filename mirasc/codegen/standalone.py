@@ -80,15 +80,20 @@ def gpu_limits_source() -> str:
     return body(gpu_limits)
 
 
+@functools.cache
+def _triton_body(name: str) -> str:
+    """`body` of mirasc/runtime/`name`.py, read rather than imported (it imports triton; emitting needs none)."""
+    return _body((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
+
+
 def chunk_space_source() -> str:
-    """The chunk kernels' autotuning spaces and resource model (mirasc.runtime.chunk_space; read, not imported:
-    emitting needs no triton)."""
-    return _body((RUNTIME / "chunk_space.py").read_text(encoding="utf-8"))
+    """The chunk kernels' autotuning spaces and resource model (mirasc.runtime.chunk_space)."""
+    return _triton_body("chunk_space")
 
 
 def flash_space_source() -> str:
-    """The flash kernels' autotuning spaces and resource model (mirasc.runtime.flash_space; read, not imported)."""
-    return _body((RUNTIME / "flash_space.py").read_text(encoding="utf-8"))
+    """The flash kernels' autotuning spaces and resource model (mirasc.runtime.flash_space)."""
+    return _triton_body("flash_space")
 
 
 def custom_ops_source() -> str:

@@ -12,13 +12,12 @@ SUB = 16  # rows of a sub-block (key-channel decay): the scores and gradients ke
 # configuration on sm_90 (Hedgehog at D = 256, Dk = 512); with exact fp32 products (FMA units, operands in
 # registers) already 256 columns spill 2-2.4 KB in the reverse scan on sm_80 and sm_90 (Gated DeltaNet, D = 256).
 # Beyond these the scans have no configuration and such sizes are refused.
-SCAN_MAX_K = {"ieee": 128}  # by the dots' precision; every other 256
 _SCANS = ("_chunk_state_fwd", "_chunk_state_bwd")
 
 
 def _scan_max_k(prec):
     """The widest padded key the scans hold with `prec` dots."""
-    return SCAN_MAX_K.get(prec, 256)
+    return 128 if prec == "ieee" else 256
 
 
 def _chunk_smem_estimate(name, meta, ch):
