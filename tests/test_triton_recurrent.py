@@ -230,7 +230,7 @@ def test_v_tiles_cover_the_row_separable_specs():
     for name, why in [("moneta_token", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
         mod = _module(name)
         assert not mod._V_TILES and why in mod._V_TILE_REASON
-        assert mod._tile_config(8, 24, 32, mod._TILES_FWD, False)[2] == 1  # one program holds every row
+        assert mod._tile_config(mod._LAYOUT, 8, 24, 32, mod._TILES_FWD)[2] == 1  # one program holds every row
     assert _module("kl_linear")._V_TILES  # softmax over each row (over K): rows stay separable
 
 
@@ -241,9 +241,9 @@ def test_v_tiles_match_the_float64_recurrence(name):
     the last one partly padded; T = 40 crosses checkpoint and mini-batch boundaries."""
     mod = _module(name)
     Dk, Dv = 6, 20
-    n_v = mod._tile_config(Dk, Dv, 1, mod._TILES_FWD, False)[2]
+    n_v = mod._tile_config(mod._LAYOUT, Dk, Dv, 1, mod._TILES_FWD)[2]
     assert n_v == (2 if mod._FACTOR_BLOCK else 5)
-    assert mod._tile_config(Dk, Dv, 1, mod._TILES_BWD, True)[2] == n_v
+    assert mod._tile_config(mod._LAYOUT, Dk, Dv, 1, mod._TILES_BWD)[2] == n_v
     _check_vs_float64(mod, (Dk, Dv))
 
 
@@ -257,19 +257,19 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
         mod = _module(name)
         monkeypatch.setattr(mod, "_interpreted", lambda: False)
         for D in (64, 128):
-            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_FWD, False)
+            bv, warps, n_v = mod._tile_config(mod._LAYOUT, D, D, 1, mod._TILES_FWD)
             fits = (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps
             # batched factors: tl.dot's 16 is the least BV; at D = 128 its [C, BK] token tiles alone reach the
             # budget, and the model falls back to BV = 16 at 8 warps (measured without spills on sm_90/sm_80)
             assert fits or (mod._FACTOR_BLOCK and (bv, warps) == (16, 8)), (name, D)
             assert n_v == -(-D // bv) >= 2
-            bv, warps, n_v = mod._tile_config(D, D, 1, mod._TILES_BWD, True)
+            bv, warps, n_v = mod._tile_config(mod._LAYOUT, D, D, 1, mod._TILES_BWD)
             assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)
     mod = _module("moneta_token")
     monkeypatch.setattr(mod, "_interpreted", lambda: False)
-    mod._check_fits(8, 8, 32, mod._TILES_FWD, False)
+    mod._check_fits(mod._LAYOUT, 8, 8, 32, mod._TILES_FWD, False)
     with pytest.raises(RuntimeError, match="registers"):
-        mod._check_fits(128, 128, 512, mod._TILES_BWD, True)
+        mod._check_fits(mod._LAYOUT, 128, 128, 512, mod._TILES_BWD, True)
     assert mod._recurrent_fits(8, 8) and not mod._recurrent_fits(128, 128)  # what backend="auto" asks
     assert _module("deltanet")._recurrent_fits(128, 128)  # V tiles: every size has a configuration
 
@@ -289,8 +289,8 @@ def test_gpu_autotune_picks_the_fastest_fitting_config_once(monkeypatch):
     mod = _module("deltanet")
     monkeypatch.setattr(mod, "_interpreted", lambda: False)
     monkeypatch.setattr(mod, "_TUNED", {})
-    candidates = mod._tile_candidates(128, 128, 1, mod._TILES_FWD)
-    assert len(candidates) >= 3 and candidates[0] == mod._tile_config(128, 128, 1, mod._TILES_FWD, False)[:2]
+    candidates = mod._tile_candidates(mod._LAYOUT, 128, 128, 1, mod._TILES_FWD)
+    assert len(candidates) >= 3 and candidates[0] == mod._tile_config(mod._LAYOUT, 128, 128, 1, mod._TILES_FWD)[:2]
     cost = {cfg: 1.0 + i for i, cfg in enumerate(candidates)}
     cost[candidates[2]] = 0.5
     launched = []

@@ -91,6 +91,11 @@ def chunk_space_source() -> str:
     return _triton_body("chunk_space")
 
 
+def recurrent_space_source() -> str:
+    """The fused recurrent kernels' launch configurations and resource model (mirasc.runtime.recurrent_space)."""
+    return _triton_body("recurrent_space")
+
+
 def flash_space_source() -> str:
     """The flash kernels' autotuning spaces and resource model (mirasc.runtime.flash_space)."""
     return _triton_body("flash_space")
