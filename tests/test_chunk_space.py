@@ -78,3 +78,32 @@ def test_emitted_chunk_modules_carry_this_module():
         source = compile_text((specs / f"{name}.miras").read_text()).source
         assert source.count(chunk_space_source()) == 1
         assert f"CH_DECAY = {ch}" in source and "_chunk_configs(name, Dk, Dv, BT, limit, prec, CH_DECAY)" in source
+
+
+def _spaces(ch, names=cs._SPACE_KERNELS[:5]):
+    """A module's autotuning table, as the chunk template builds it from this module."""
+    return {name: (lambda args, smem_limit, name=name: cs._chunk_configs(name, args["Nk"], args["Nv"], args["BT"],
+                                                                          smem_limit, args["PREC"], ch))
+            for name in names}
+
+
+def test_refusal_names_the_kernels_the_limit_and_the_ways_out():
+    """A size with a configuration for every kernel is not refused; a key wider than the scans hold is, naming both
+    scans, their register limit for the dots' precision, and the widest key (and head, through a feature map's
+    width) that fits; on a small shared memory the smallest configuration's need and a smaller chunk tile."""
+    taylor = ("1 + D + D(D+1)/2", lambda d: 1 + d + d * (d + 1) // 2)
+    assert cs._chunk_refusal(128, 128, 64, "bf16", 232448, False, _spaces(False)) is None
+    msg = cs._chunk_refusal(2145, 64, 64, "bf16", 232448, False, _spaces(False), taylor)
+    assert msg.startswith("the chunked Triton kernels have no configuration that fits at Dk=2145 (the feature map's "
+                          "width, 1 + D + D(D+1)/2 for heads of width D), Dv=64, a chunk tile of 64 rows, bf16-operand")
+    for scan in ("_chunk_state_fwd", "_chunk_state_bwd"):
+        assert f"{scan} holds state rows [BV, Dk] in registers over all 4096 padded key columns, at most 256" in msg
+    assert "_chunk_output_fwd" not in msg  # (tiles Dk: it has configurations)
+    assert msg.endswith("or smaller heads (key widths up to 256 fit here: D <= 21)")  # 1 + 21 + 231 = 253
+    assert "at most 128 with fp32 dots" in cs._chunk_refusal(256, 64, 64, "ieee", None, False, _spaces(False))
+    small = cs._chunk_refusal(128, 128, 64, "bf16", 16 * 1024, True, _spaces(True), window=2)
+    assert "16 KB of shared memory per block" in small and "KB at its smallest configuration" in small
+    assert "algorithm='recurrent'" in small and "backend='torch'" in small
+    # (an Omega window of 2 rows per token: a chunk tile of 32 rows is chunk_size 16)
+    tile = cs._chunk_refusal(128, 128, 64, "bf16", 40 * 1024, False, _spaces(False), window=2)
+    assert "chunk_size <= 16 (a chunk tile of 32 rows fits) or smaller heads" in tile

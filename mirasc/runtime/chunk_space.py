@@ -109,3 +109,63 @@ def _chunk_configs(name, Dk, Dv, BT, smem_limit, prec, ch):
     decay the gradients kernel takes one 16-row sub-block per program with whole-chunk [BT, BK] tiles and a
     [16, 16, BK] factor: 16- and 32-wide tiles and 8 warps (4 warps spill at D = 128 on sm_90)."""
     return [c for c, smem in _chunk_space(name, Dk, Dv, BT, prec, ch) if smem_limit is None or smem <= smem_limit]
+
+
+# the dots' precisions (`_dot_precision`) as a refusal names them
+_PREC_NAMES = {"ieee": "fp32", "tf32": "tf32", "bf16": "bf16-operand", "fp16": "fp16-operand",
+               "bf16x2": "split-bf16-operand"}
+# the kernels `_chunk_space` sizes (the momentum delta rule's scans have spaces of their own)
+_SPACE_KERNELS = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
+                  "_chunk_grads_bwd", "_wy_fwd", "_wy_bwd")
+
+
+def _chunk_refusal(Dk, Dv, BT, prec, smem_limit, ch, spaces, width=None, window=1):
+    """None where every kernel in `spaces` (name -> its autotuning space, space(args, smem_limit) -> configs: the
+    kernels a module launches) has a configuration at these sizes that fits `smem_limit` (bytes; None: no limit),
+    else why not and the ways out (the refusal's message). Dk, Dv: the widths the kernels read (a feature map's φ
+    width); BT: the rows of the chunk tile; prec: the dots' precision ("ieee" | "tf32" | "bf16" | "fp16" |
+    "bf16x2"); width: (formula, D -> key width) where a feature map widens heads of width D, else None; window: the
+    Omega window's kernel rows per token (chunk_size counts tokens, the chunk tile rows)."""
+    def empty(dk, bt):
+        args = {"Nk": dk, "Nv": Dv, "BT": bt, "PREC": prec}
+        return [name for name, space in spaces.items() if not space(args, smem_limit)]
+
+    names = empty(Dk, BT)
+    if not names:
+        return None
+    full_k = max(16, triton.next_power_of_2(Dk))
+    why = []
+    for name in names:
+        space = _chunk_space(name, Dk, Dv, BT, prec, ch) if name in _SPACE_KERNELS else []
+        scan = name in _SCANS
+        held = (f"holds state rows [BV, Dk] over all {full_k} padded key columns ("
+                + (f"two K blocks of {full_k // 2})" if full_k > 64 else "one K block)")) if scan else "tiles Dk"
+        if space:
+            why.append(f"{name} {held} and needs {min(smem for _, smem in space) // 1024} KB at its smallest "
+                       "configuration")
+        elif scan and full_k > _scan_max_k(prec):
+            most = _scan_max_k(prec)
+            why.append(f"{name} holds state rows [BV, Dk] in registers over all {full_k} padded key columns, at "
+                       f"most {most} with {_PREC_NAMES[prec]} dots (two K blocks of {most // 2}; wider ones spill "
+                       "in every configuration)")
+        else:
+            why.append(f"{name} has no configuration at these sizes")
+    formula, to_width = width or ("", None)
+    fits_k = [dk for dk in (2 ** i for i in range(4, full_k.bit_length() - 1)) if not empty(dk, BT)]
+    fits_t = [bt for bt in (2 ** i for i in range(4, BT.bit_length() - 1)) if not empty(Dk, bt)]
+    ways = ["backend='torch' (what backend='auto' picks at these sizes)",
+            "algorithm='recurrent' (the fused recurrent kernel, where its resource model admits the size)"]
+    if fits_t and fits_t[-1] // window >= 1:
+        ways.append(f"chunk_size <= {fits_t[-1] // window} (a chunk tile of {fits_t[-1]} rows fits)")
+    heads = "smaller heads"
+    if fits_k:
+        heads += f" (key widths up to {fits_k[-1]} fit here"
+        if to_width is not None and to_width(1) <= fits_k[-1]:
+            heads += f": D <= {max(d for d in range(1, fits_k[-1] + 1) if to_width(d) <= fits_k[-1])}"
+        heads += ")"
+    ways.append(heads)
+    return (f"the chunked Triton kernels have no configuration that fits at Dk={Dk}"
+            + (f" (the feature map's width, {formula} for heads of width D)" if to_width is not None else "")
+            + f", Dv={Dv}, a chunk tile of {BT} rows, {_PREC_NAMES[prec]} dots, in "
+            + ("any shared memory" if smem_limit is None else f"{smem_limit // 1024} KB of shared memory per block")
+            + ": " + "; ".join(why) + ". Use " + ", ".join(ways[:-1]) + " or " + ways[-1])
