@@ -82,8 +82,18 @@ def gpu_limits_source() -> str:
 
 @functools.cache
 def _triton_body(name: str) -> str:
-    """`body` of mirasc/runtime/`name`.py, read rather than imported (it imports triton; emitting needs none)."""
+    """`body` of mirasc/runtime/`name`.py, read rather than imported (emitting needs neither triton nor torch)."""
     return _body((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
+
+
+def segments_source() -> str:
+    """The segment products every emitted memory module carries (mirasc.runtime.segments)."""
+    return _triton_body("segments")
+
+
+def channel_decay_source() -> str:
+    """Channel-wise decays inside a chunk, in torch (mirasc.runtime.channel_decay)."""
+    return _triton_body("channel_decay")
 
 
 def chunk_space_source() -> str:
