@@ -96,6 +96,11 @@ def channel_decay_source() -> str:
     return _triton_body("channel_decay")
 
 
+def nonparametric_source() -> str:
+    """The nonparametric memories' torch path (mirasc.runtime.nonparametric)."""
+    return _triton_body("nonparametric")
+
+
 def chunk_space_source() -> str:
     """The chunk kernels' autotuning spaces and resource model (mirasc.runtime.chunk_space)."""
     return _triton_body("chunk_space")
