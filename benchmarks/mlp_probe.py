@@ -11,8 +11,12 @@ length 64 with 8 kv pairs, batch 32, AdamW, the same batches and initialisation 
 - the gates' means and their spread (η, α, θ, δ), and the fraction of η channels within 1% of a saturated
   sigmoid;
 - the inner loss at the keys with the memory's initial weights, 1/2‖M_0(k) − v‖² per token, beside 1/2‖v‖²
-  (how much of the error is v and how much the memory's own read).
-At the end: accuracy at 64/128/256 as `explore` evaluates it, and one JSON file with the log. Layer options are
+  (how much of the error is v and how much the memory's own read);
+- the short convolution's reach into the past per stream (q, k, v): ‖taps before the current token‖ / ‖all taps‖
+  over that stream's channels (it starts near 0, the current token's tap at 1; MQAR's recall needs the key written
+  at a value's position to carry the token before it).
+At the end (or at `--stop-after` steps, the schedule still that of `--steps`): accuracy at 64/128/256 as `explore`
+evaluates it, and one JSON file with the log. Layer options are
 given as in `mirasc explore --layer` (`--layer v_norm=none gate_lr=1` restores the earlier defaults).
 """
 
@@ -75,6 +79,27 @@ class Recorder:
         layer._project, layer._out = _project, _out
 
 
+def conv_reach(layer) -> list[float]:
+    """Per stream q, k, v (the projection's width in thirds, or the first and last thirds with multi-step keys): the
+    norm of the convolution's taps before the current token over the norm of all its taps."""
+    w = getattr(layer, "conv_weight", None)
+    if w is None:
+        return []
+    w = w.detach().float()
+    n = w.shape[0] // 3 if w.shape[0] % 3 == 0 else None
+    if n is None:
+        return []
+    out = []
+    for i in range(3):
+        part = w[i * n:(i + 1) * n]
+        out.append(float(part[:, :-1].norm() / part.norm().clamp_min(1e-12)))
+    return out
+
+
+class _Stop(Exception):
+    pass
+
+
 def inner_loss(module, layer, k, v) -> tuple[float, float]:
     """1/2‖M_0(k) − v‖² and 1/2‖v‖² per token (means over tokens and heads), M_0 the memory's initial weights."""
     B = k.shape[0]
@@ -122,6 +147,7 @@ def probe(args) -> dict:
                         e = seen["gates"]["eta"].float() / layer.eta_max
                         b["eta_saturated"] = float(((e < 0.01) | (e > 0.99)).float().mean())
                     b["inner_loss_init"], b["half_v_sq"] = inner_loss(module, layer, seen["k"], seen["v"])
+                    b["conv_reach"] = conv_reach(layer)
                     entry["blocks"].append(b)
             log.append(entry)
             if args.verbose:
@@ -133,12 +159,17 @@ def probe(args) -> dict:
                                   "eta_saturated": [b.get("eta_saturated") for b in entry["blocks"]],
                                   "out_gate": [b.get("out_gate") for b in entry["blocks"]]}),
                       flush=True)
+        if args.stop_after and done >= args.stop_after:
+            raise _Stop
 
-    trainloop.train(model, tasks, "mqar", cfg, steps=steps, batch_size=32, lr=lr, weight_decay=0.1, seed=seed,
-                    log_every=args.every, on_backward=on_backward)
+    try:
+        trainloop.train(model, tasks, "mqar", cfg, steps=steps, batch_size=32, lr=lr, weight_decay=0.1, seed=seed,
+                        log_every=args.every, on_backward=on_backward)
+    except _Stop:
+        model.zero_grad(set_to_none=True)
     acc, exact = trainloop.evaluate(model, tasks, "mqar", cfg, [64, 128, 256], 64, 32)
     return {"spec": args.spec, "seed": seed, "lr": lr, "layer": layer_opts, "steps": steps,
-            "seconds": round(time.time() - t0, 1), "accuracy": acc, "log": log}
+            "stop_after": args.stop_after, "seconds": round(time.time() - t0, 1), "accuracy": acc, "log": log}
 
 
 def main(argv=None) -> int:
@@ -148,6 +179,7 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--every", type=int, default=50)
+    p.add_argument("--stop-after", type=int, default=0, help="end after this many steps (0: --steps)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--pairs", type=int, default=8, help="key-value pairs per training sequence")
     p.add_argument("--layer", nargs="*", default=[], metavar="K=V")
