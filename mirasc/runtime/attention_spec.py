@@ -2,7 +2,7 @@
 values of causal softmax attention. Every emitted module sets its own in its header (mirasc.codegen.attention_backend,
 docs/semantics.md: nonparametric memories); this module only lets the torch path be imported and tested as it is."""
 
-KERNEL = "softmax"  # the read: "softmax", "poly", "stickbreaking"
+KERNEL = "softmax"  # the similarity: "softmax", "additive", "poly", "stickbreaking"
 SCALE = None  # None: 1/sqrt(Dk)
 DEGREE = 2  # poly kernel degree
 WINDOW = 0  # attend to the last WINDOW tokens including the current one (0: all)
