@@ -15,9 +15,10 @@ length 64 with 8 kv pairs, batch 32, AdamW, the same batches and initialisation 
 - the short convolution's reach into the past per stream (q, k, v): ‖taps before the current token‖ / ‖all taps‖
   over that stream's channels (it starts near 0, the current token's tap at 1; MQAR's recall needs the key written
   at a value's position to carry the token before it).
-`--perturb ε` multiplies every initial weight by (1 + ε·N(0, 1)): how far a run's course moves with its rounding.
-At the end (or at `--stop-after` steps, the schedule still that of `--steps`): accuracy at 64/128/256 as `explore`
-evaluates it, and one JSON file with the log. Layer options are
+`--key-shift a` adds a to the key stream's convolution tap one token back at initialisation (a previous-token key,
+the recall circuit's first half); `--perturb ε` multiplies every initial weight by (1 + ε·N(0, 1)) (how far a run's
+course moves with its rounding). At the end (or at `--stop-after` steps, the schedule still that of `--steps`):
+accuracy at 64/128/256 as `explore` evaluates it, and one JSON file with the log. Layer options are
 given as in `mirasc explore --layer` (`--layer v_norm=none gate_lr=1` restores the earlier defaults).
 """
 
@@ -118,6 +119,13 @@ def probe(args) -> dict:
     cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
     model = trainloop.make_model(module, lm, tasks.VOCAB, 64, 2, 2, layer_opts)
+    if args.key_shift:  # the key stream's convolution starts reaching one token back (a previous-token key)
+        with torch.no_grad():
+            for block in model.blocks:
+                w = getattr(block.mixer, "conv_weight", None)
+                if w is not None and w.shape[0] % 3 == 0 and w.shape[1] > 1:
+                    n = w.shape[0] // 3
+                    w[n:2 * n, -2] += args.key_shift
     if args.perturb:  # every initial weight times (1 + ε·N(0, 1)), from its own generator (the batches stay the same)
         g = torch.Generator().manual_seed(12345)
         with torch.no_grad():
@@ -175,7 +183,7 @@ def probe(args) -> dict:
         model.zero_grad(set_to_none=True)
     acc, exact = trainloop.evaluate(model, tasks, "mqar", cfg, [64, 128, 256], 64, 32)
     return {"spec": args.spec, "seed": seed, "lr": lr, "layer": layer_opts, "steps": steps,
-            "stop_after": args.stop_after, "perturb": args.perturb,
+            "stop_after": args.stop_after, "perturb": args.perturb, "key_shift": args.key_shift,
             "seconds": round(time.time() - t0, 1), "accuracy": acc, "log": log}
 
 
@@ -188,6 +196,8 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--stop-after", type=int, default=0, help="end after this many steps (0: --steps)")
     p.add_argument("--perturb", type=float, default=0.0, help="relative noise ε on every initial weight (0: none)")
+    p.add_argument("--key-shift", type=float, default=0.0,
+                   help="added to the key stream's convolution tap one token back at initialisation (0: none)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--pairs", type=int, default=8, help="key-value pairs per training sequence")
     p.add_argument("--layer", nargs="*", default=[], metavar="K=V")
