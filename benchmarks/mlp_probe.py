@@ -81,21 +81,21 @@ class Recorder:
         layer._project, layer._out = _project, _out
 
 
-def conv_reach(layer) -> list[float]:
-    """Per stream q, k, v (the projection's width in thirds, or the first and last thirds with multi-step keys): the
-    norm of the convolution's taps before the current token over the norm of all its taps."""
+def conv_streams(layer):
+    """The short convolution's weight [3n, taps] and n, where it convolves q, k, v of n channels each; else None
+    (no convolution, or multi-step keys and values)."""
     w = getattr(layer, "conv_weight", None)
-    if w is None:
+    n = layer.num_heads * layer.head_dim
+    return (w, n) if w is not None and w.shape[0] == 3 * n and w.shape[1] > 1 else None
+
+
+def conv_reach(layer) -> list[float]:
+    """Per stream q, k, v: the norm of the convolution's taps before the current token over the norm of all its taps."""
+    streams = conv_streams(layer)
+    if streams is None:
         return []
-    w = w.detach().float()
-    n = w.shape[0] // 3 if w.shape[0] % 3 == 0 else None
-    if n is None:
-        return []
-    out = []
-    for i in range(3):
-        part = w[i * n:(i + 1) * n]
-        out.append(float(part[:, :-1].norm() / part.norm().clamp_min(1e-12)))
-    return out
+    w, n = streams[0].detach().float(), streams[1]
+    return [float(w[i * n:(i + 1) * n, :-1].norm() / w[i * n:(i + 1) * n].norm().clamp_min(1e-12)) for i in range(3)]
 
 
 class _Stop(Exception):
@@ -122,9 +122,9 @@ def probe(args) -> dict:
     if args.key_shift:  # the key stream's convolution starts reaching one token back (a previous-token key)
         with torch.no_grad():
             for block in model.blocks:
-                w = getattr(block.mixer, "conv_weight", None)
-                if w is not None and w.shape[0] % 3 == 0 and w.shape[1] > 1:
-                    n = w.shape[0] // 3
+                streams = conv_streams(block.mixer)
+                if streams is not None:
+                    w, n = streams
                     w[n:2 * n, -2] += args.key_shift
     if args.perturb:  # every initial weight times (1 + ε·N(0, 1)), from its own generator (the batches stay the same)
         g = torch.Generator().manual_seed(12345)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mirasc.codegen.standalone import channel_decay_source, segments_source
+from mirasc.codegen.standalone import runtime_source
 from mirasc.compiler import compile_text
 from mirasc.runtime import channel_decay as cd
 from mirasc.runtime import segments
@@ -86,6 +86,7 @@ def test_modules_carry_the_pieces_they_use():
     src = {name: compile_text((SPECS / f"{name}.miras").read_text()).source
            for name in ("gla", "kda", "gated_deltanet")}
     for name, text in src.items():
-        assert text.count(segments_source()) == 1, name
-    assert src["gla"].count(channel_decay_source()) == 1 and src["kda"].count(channel_decay_source()) == 1
+        assert text.count(runtime_source("segments")) == 1, name
+    assert src["gla"].count(runtime_source("channel_decay")) == 1
+    assert src["kda"].count(runtime_source("channel_decay")) == 1
     assert "def _decay_scores(" not in src["gated_deltanet"]

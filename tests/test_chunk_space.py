@@ -70,13 +70,13 @@ def test_emitted_chunk_modules_carry_this_module():
     decay layout where it calls it (per head: Gated DeltaNet; per key channel: KDA)."""
     from pathlib import Path
 
-    from mirasc.codegen.standalone import chunk_space_source
+    from mirasc.codegen.standalone import runtime_source
     from mirasc.compiler import compile_text
 
     specs = Path(__file__).resolve().parents[1] / "specs"
     for name, ch in (("gated_deltanet", False), ("kda", True)):
         source = compile_text((specs / f"{name}.miras").read_text()).source
-        assert source.count(chunk_space_source()) == 1
+        assert source.count(runtime_source("chunk_space")) == 1
         assert f"CH_DECAY = {ch}" in source and "_chunk_configs(name, Dk, Dv, BT, limit, prec, CH_DECAY)" in source
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-from mirasc.codegen.standalone import flash_space_source  # noqa: E402
+from mirasc.codegen.standalone import runtime_source  # noqa: E402
 from mirasc.compiler import compile_text  # noqa: E402
 from mirasc.runtime import flash_space as fs  # noqa: E402
 
@@ -43,5 +43,5 @@ def test_flash_autotuning_space_keeps_a_configuration(D, smem_limit, elt):
 def test_softmax_modules_carry_this_module_and_stick_breaking_does_not():
     softmax = compile_text((SPECS / "transformer.miras").read_text()).source
     stick = compile_text((SPECS / "stickbreaking.miras").read_text()).source
-    assert softmax.count(flash_space_source()) == 1
+    assert softmax.count(runtime_source("flash_space")) == 1
     assert "def _flash_configs(" not in stick

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mirasc.codegen.standalone import nonparametric_source
+from mirasc.codegen.standalone import runtime_source
 from mirasc.compiler import compile_text
 from mirasc.runtime import nonparametric as npm
 
@@ -42,8 +42,8 @@ def test_every_nonparametric_module_sets_the_choices_its_path_reads():
         if "def _hops(" not in src:
             continue  # (a parametric memory)
         modules += 1
-        assert src.count(nonparametric_source()) == 1, path.stem
-        head = src[:src.index(nonparametric_source())]
+        assert src.count(runtime_source("nonparametric")) == 1, path.stem
+        head = src[:src.index(runtime_source("nonparametric"))]
         missing = [n for n in names if not re.search(rf"^{n} = ", head, re.M)]
         assert missing == [], (path.stem, missing)
     assert modules >= 5

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-from mirasc.codegen.standalone import recurrent_space_source  # noqa: E402
+from mirasc.codegen.standalone import runtime_source  # noqa: E402
 from mirasc.compiler import compile_text  # noqa: E402
 from mirasc.runtime import recurrent_space as rs  # noqa: E402
 
@@ -107,5 +107,5 @@ def test_recurrent_modules_carry_this_module_once():
     too); a module with no recurrent kernels (softmax attention) does not."""
     for name in ("gated_deltanet", "titans", "moneta"):
         src = compile_text((SPECS / f"{name}.miras").read_text()).source
-        assert src.count(recurrent_space_source()) == 1, name
+        assert src.count(runtime_source("recurrent_space")) == 1, name
     assert "_RecurrentLayout" not in compile_text((SPECS / "transformer.miras").read_text()).source

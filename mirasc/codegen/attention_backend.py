@@ -12,7 +12,7 @@ from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
 from .directives import preprocess
-from .standalone import custom_ops_source, flash_space_source, gpu_limits_source, kernels_source, nonparametric_source
+from .standalone import custom_ops_source, gpu_limits_source, kernels_source, runtime_source
 from .torch_backend import layer_source, per_head_source
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -55,10 +55,10 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "NO_TRITON_REASON": reason.replace('"', "'"), "REMAINDER": repr(m.remainder),
         "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
-        "NONPARAMETRIC": nonparametric_source().rstrip("\n"),
+        "NONPARAMETRIC": runtime_source("nonparametric"),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "GPU_LIMITS": gpu_limits_source().rstrip("\n"), "CUSTOM_OPS": custom_ops_source().rstrip("\n"),
-        "FLASH_SPACE": flash_space_source().rstrip("\n"),
+        "FLASH_SPACE": runtime_source("flash_space"),
         # the kernels (mirasc/runtime/kernels/): what flash and stick-breaking share, then the read's own
         "ATTENTION_KERNELS": kernels_source("attention") + ("\n" + kernels_source("flash") if m.kernel == "softmax"
                                                             else ""),

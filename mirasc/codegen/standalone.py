@@ -81,39 +81,10 @@ def gpu_limits_source() -> str:
 
 
 @functools.cache
-def _triton_body(name: str) -> str:
-    """`body` of mirasc/runtime/`name`.py, read rather than imported (emitting needs neither triton nor torch)."""
-    return _body((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))
-
-
-def segments_source() -> str:
-    """The segment products every emitted memory module carries (mirasc.runtime.segments)."""
-    return _triton_body("segments")
-
-
-def channel_decay_source() -> str:
-    """Channel-wise decays inside a chunk, in torch (mirasc.runtime.channel_decay)."""
-    return _triton_body("channel_decay")
-
-
-def nonparametric_source() -> str:
-    """The nonparametric memories' torch path (mirasc.runtime.nonparametric)."""
-    return _triton_body("nonparametric")
-
-
-def chunk_space_source() -> str:
-    """The chunk kernels' autotuning spaces and resource model (mirasc.runtime.chunk_space)."""
-    return _triton_body("chunk_space")
-
-
-def recurrent_space_source() -> str:
-    """The fused recurrent kernels' launch configurations and resource model (mirasc.runtime.recurrent_space)."""
-    return _triton_body("recurrent_space")
-
-
-def flash_space_source() -> str:
-    """The flash kernels' autotuning spaces and resource model (mirasc.runtime.flash_space)."""
-    return _triton_body("flash_space")
+def runtime_source(name: str) -> str:
+    """The body of mirasc/runtime/`name`.py as an emitted module carries it, without its trailing newline (it fills a
+    template slot): read rather than imported, since emitting needs neither triton nor torch."""
+    return _body((RUNTIME / f"{name}.py").read_text(encoding="utf-8")).rstrip("\n")
 
 
 def custom_ops_source() -> str:

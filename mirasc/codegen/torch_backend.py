@@ -19,7 +19,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import triton_backend, triton_minibatch
 from .directives import preprocess
-from .standalone import channel_decay_source, layer_checks_source, segments_source
+from .standalone import layer_checks_source, runtime_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -255,8 +255,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["REST_KERNELS"] = "_chunked_triton" if the_plan.chunk_family is not None else "_minibatch_triton"
     subs["HALF_DOTS"] = the_plan.dots
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
-    subs["SEGMENTS"] = segments_source().rstrip("\n")
-    subs["CHANNEL_DECAY"] = channel_decay_source().rstrip("\n")
+    subs["SEGMENTS"] = runtime_source("segments")
+    subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
