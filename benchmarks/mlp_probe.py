@@ -15,7 +15,7 @@ length 64 with 8 kv pairs, batch 32, AdamW, the same batches and initialisation 
 - the short convolution's reach into the past per stream (q, k, v): ‖taps before the current token‖ / ‖all taps‖
   over that stream's channels (it starts near 0, the current token's tap at 1; MQAR's recall needs the key written
   at a value's position to carry the token before it).
-`--key-shift a` adds a to the key stream's convolution tap one token back at initialisation (a previous-token key,
+`--key-shift a` is the Layer option `key_shift = a` (a added to the key stream's convolution tap one token back at
 the recall circuit's first half); `--perturb ε` multiplies every initial weight by (1 + ε·N(0, 1)) (how far a run's
 course moves with its rounding). At the end (or at `--stop-after` steps, the schedule still that of `--steps`):
 accuracy at 64/128/256 as `explore` evaluates it, and one JSON file with the log. Layer options are
@@ -116,16 +116,11 @@ def probe(args) -> dict:
     torch.set_num_threads(1)
     module = mirasc.compile_spec(args.spec)
     layer_opts = explore._pairs(args.layer)  # as `mirasc explore --layer` reads them
+    if args.key_shift:  # the Layer option: the key stream's convolution starts reaching one token back
+        layer_opts["key_shift"] = args.key_shift
     cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
     model = trainloop.make_model(module, lm, tasks.VOCAB, 64, 2, 2, layer_opts)
-    if args.key_shift:  # the key stream's convolution starts reaching one token back (a previous-token key)
-        with torch.no_grad():
-            for block in model.blocks:
-                streams = conv_streams(block.mixer)
-                if streams is not None:
-                    w, n = streams
-                    w[n:2 * n, -2] += args.key_shift
     if args.perturb:  # every initial weight times (1 + ε·N(0, 1)), from its own generator (the batches stay the same)
         g = torch.Generator().manual_seed(12345)
         with torch.no_grad():

@@ -40,6 +40,7 @@ def _inputs(mod, B=1, T=5, H=2, D=4):
     ({"conv": 2.0}, ["'conv' takes an integer"]),
     ({"out_gate": 1}, ["'out_gate' takes true or false"]),
     ({"eta_max": float("nan")}, ["'eta_max' takes a finite number"]),
+    ({"key_shift": 0.5, "conv": 1}, ["'key_shift' = 0.5", "conv = 1 has none", "conv >= 2"]),
 ])
 def test_layer_refuses_bad_option_values_naming_each(gdn, options, words):
     with pytest.raises(ValueError) as info:
@@ -127,6 +128,15 @@ def test_layer_block_reports_every_bad_setting(tmp_path, capsys):
     p.write_text(text)
     assert main(["check", str(p)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 4
+
+
+def test_layer_block_refuses_a_key_shift_without_a_previous_tap():
+    text = "model m {\n    memory = linear\n    bias = l2\n    layer { conv = 0; key_shift = 0.5 }\n}\n"
+    with pytest.raises(SpecError) as info:
+        compile_text(text, "m.miras")
+    assert (info.value.line, info.value.col) == (4, 35)  # at the value, as every layer setting
+    assert "'key_shift' = 0.5" in info.value.message and "conv = 0 has none" in info.value.message
+    assert main(["explore", "--spec", GDN, "--layer", "conv=0", "key_shift=0.5", "--steps", "1"]) == 2
 
 
 # ------------------------------------------------------------------------------------------ apply

@@ -87,6 +87,37 @@ def test_alpha_spread_gives_each_key_channel_its_timescale():
     assert torch.allclose(alpha, torch.sigmoid(torch.tensor(3.0)).expand_as(alpha))
 
 
+def test_key_shift_starts_each_key_reaching_one_token_back():
+    """key_shift = s adds s to the convolution's tap one token back on the key channels only (every step's keys for
+    a multi-step learner), after the same random draw: the layer equals the unshifted one but for those taps, so at
+    initialisation a key is the conv of its own token plus s times the previous token's projection."""
+    root = Path(__file__).resolve().parents[1] / "specs"
+    for name, steps in (("gated_deltanet", 1), ("titans", 1), ("gated_deltaproduct", 2)):
+        mod = mirasc.compile_spec(root / f"{name}.miras")
+        torch.manual_seed(0)
+        plain = mod.Layer(16, 2)
+        torch.manual_seed(0)
+        shifted = mod.Layer(16, 2, key_shift=0.5)
+        n = 2 * shifted.head_dim
+        want = torch.zeros_like(plain.conv_weight)
+        want[n:(1 + steps) * n, -2] = 0.5
+        assert torch.allclose(shifted.conv_weight - plain.conv_weight, want, atol=1e-7), name
+        for (pn, p), (sn, s) in zip(plain.named_parameters(), shifted.named_parameters()):
+            assert pn == sn and (pn == "conv_weight" or torch.equal(p, s)), pn
+    # the read: with the taps set by hand, the key of token t is SiLU(k_t + 0.5·k_{t-1}) before its norm
+    layer = mirasc.compile_spec(root / "gated_deltanet.miras").Layer(16, 2, key_shift=0.5, qk_norm="none")
+    with torch.no_grad():
+        layer.conv_weight.zero_()
+        layer.conv_weight[:, -1] = 1.0
+        layer.conv_weight[16:32, -2] = 0.5
+    x = torch.randn(1, 5, 16)
+    k = layer._project(x)[1].reshape(1, 5, 16)
+    raw = layer.qkv_proj(x)[..., 16:32]
+    assert torch.allclose(k, torch.nn.functional.silu(raw + 0.5 * torch.cat([raw[:, :1] * 0, raw[:, :-1]], 1)),
+                          atol=1e-6)
+    assert mirasc.compile_spec(root / "titans.miras").LAYER_DEFAULTS["key_shift"] == 0.0
+
+
 def test_gate_head_term_starts_channel_gates_as_the_per_head_gate():
     """gate_head_term = true: a channel-wise gate's pre-activation is its head's shared term plus a per-channel
     term that starts at zero, so at initialisation every channel of a head has the per-head gate's value; the

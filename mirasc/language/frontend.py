@@ -15,6 +15,7 @@ from pathlib import Path
 from lark import Lark, Token, Tree, UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from pydantic import ValidationError
 
+from ..runtime.layer_options import layer_combination_problems
 from . import spec as S
 from .expressions import build_expression
 from .legality import Rejection, check_combination
@@ -238,6 +239,10 @@ class _Builder:
                 key = str(e.get("loc", ("",))[0])
                 errors.append(self.err(where.get(key, name_tok), f"bad value for layer option `{key}`: "
                                        f"{_explain(S.LayerOptions, key, e)}"))
+        else:
+            for problem in layer_combination_problems(dict(options)):  # located at the first option it names
+                named = [key for key in where if f"'{key}'" in problem]
+                errors.append(self.err(where[named[0]] if named else name_tok, problem))
         if errors:
             errors.sort(key=lambda e: (e.line, e.col))
             raise SpecError.several(errors)

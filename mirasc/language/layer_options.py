@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typing
 
-from ..runtime.layer_options import layer_option_problems
+from ..runtime.layer_options import layer_combination_problems, layer_option_problems
 
 
 def schema() -> dict:
@@ -40,4 +40,7 @@ def check(options: dict) -> list[str]:
     """Every problem with `options` (a dict of Layer options) as a list of messages; empty when all are good."""
     if not isinstance(options, dict):
         return [f"Layer options must be a mapping of option names to values, not {type(options).__name__}"]
-    return layer_option_problems(options, schema())
+    from .spec import LayerOptions
+
+    problems = layer_option_problems(options, schema())
+    return problems + layer_combination_problems({**dict(LayerOptions()), **options})

@@ -293,6 +293,9 @@ class LayerOptions(Form):
 
     kind: Literal["layer"] = "layer"
     conv: Annotated[int, Field(ge=0, le=16)] = 4          # depthwise causal conv on q, k, v (0: off)
+    # added at initialisation to the key stream's convolution tap one token back: each key starts as a mix of its
+    # own token and the previous one (a previous-token key, the first half of a recall circuit); needs conv >= 2
+    key_shift: Annotated[float, Field(ge=-4, le=4)] = 0.0
     gate_rank: Annotated[int, Field(ge=0, le=1024)] = 16  # low-rank gate projections (0: full rank)
     eta_max: Annotated[float, Field(gt=0, le=100)] = 1.0  # η = eta_max·sigmoid(·)
     # α = sigmoid(alpha_bias + ·) at initialisation: 3 gives 0.95 (MLP memories: see MLP_LAYER_DEFAULTS)

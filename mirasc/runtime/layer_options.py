@@ -55,6 +55,18 @@ def layer_option_problems(options, schema):
     return problems
 
 
+def layer_combination_problems(options):
+    """Settings each in range that do not go together. `options`: every Layer option's value (the defaults with the
+    given ones over them); a value of the wrong type is left to layer_option_problems."""
+    problems = []
+    shift, conv = options.get("key_shift"), options.get("conv")
+    if isinstance(shift, (int, float)) and not isinstance(shift, bool) and shift and isinstance(conv, int) \
+            and not isinstance(conv, bool) and conv < 2:
+        problems.append(f"Layer option 'key_shift' = {shift!r} adds to the convolution's tap one token back, and "
+                        f"conv = {conv} has none: set conv >= 2 or key_shift = 0")
+    return problems
+
+
 def layer_size_problems(d_model, num_heads, head_dim):
     """What is wrong with the Layer's sizes: positive integers, and d_model a multiple of num_heads unless
     head_dim is given (0: head_dim = d_model // num_heads)."""
