@@ -15,11 +15,12 @@ length 64 with 8 kv pairs, batch 32, AdamW, the same batches and initialisation 
 - the short convolution's reach into the past per stream (q, k, v): ‖taps before the current token‖ / ‖all taps‖
   over that stream's channels (it starts near 0, the current token's tap at 1; MQAR's recall needs the key written
   at a value's position to carry the token before it).
-`--key-shift a` is the Layer option `key_shift = a` (a added to the key stream's convolution tap one token back at
-the recall circuit's first half); `--perturb ε` multiplies every initial weight by (1 + ε·N(0, 1)) (how far a run's
-course moves with its rounding). At the end (or at `--stop-after` steps, the schedule still that of `--steps`):
-accuracy at 64/128/256 as `explore` evaluates it, and one JSON file with the log. Layer options are
-given as in `mirasc explore --layer` (`--layer v_norm=none gate_lr=1` restores the earlier defaults).
+`--key-shift a` is the Layer option `key_shift = a` (a on the key stream's convolution tap one token back at
+initialisation: a previous-token key, the recall circuit's first half); `--perturb ε` multiplies every initial
+weight by (1 + ε·N(0, 1)) (how far a run's course moves with its rounding). At the end (or at `--stop-after`
+steps, the schedule still that of `--steps`): accuracy at 64/128/256 as `explore` evaluates it, and one JSON file
+with the log. Layer options are given as in `mirasc explore --layer` (`--layer v_norm=none gate_lr=1` restores the
+earlier defaults).
 """
 
 from __future__ import annotations
