@@ -1,0 +1,85 @@
+"""mirasc.runtime.packing, the packed-sequence runner every emitted module carries: offsets checked, sequences run one
+by one from their own state rows, and the padded batch equal to them, on a toy memory (a running sum whose state is
+the sum so far) so that a wrong cut, a lost state row or padding that leaks into a row shows as a number."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mirasc.runtime.packing import _offsets, _packed, _packed_padded
+
+
+def _running_sum(q, k, v, gates, state, extras, valid=None):
+    """o_t = s_0 + Σ_{u≤t} v_u·g_u (+ κ_u), final state s_T; padding (valid False) adds nothing."""
+    x = v * gates["eta"][..., None]
+    if extras is not None:
+        x = x + extras["kappa"]
+    if valid is not None:
+        x = x * valid[..., None, None]
+    s0 = x.new_zeros(x.shape[0], 1, *x.shape[2:]) if state is None else state["S"][:, None]
+    o = s0 + x.cumsum(1)
+    return o, {"S": o[:, -1] if o.shape[1] else s0[:, 0]}
+
+
+def _inputs(T, extras=False):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, T, 2, 3, generator=g) for _ in range(3))
+    gates = {"eta": torch.rand(1, T, 2, generator=g)}
+    return q, k, v, gates, ({"kappa": torch.randn(1, T, 2, 3, generator=g)} if extras else None)
+
+
+def test_offsets_are_checked():
+    q = torch.zeros(1, 7, 2, 3)
+    assert _offsets(q, torch.tensor([0, 3, 3, 7])) == [0, 3, 3, 7]
+    with pytest.raises(ValueError, match="batch must be 1"):
+        _offsets(torch.zeros(2, 7, 2, 3), [0, 7])
+    for bad in ([1, 7], [0, 6], [0, 5, 3, 7]):
+        with pytest.raises(ValueError, match="must rise from 0 to T = 7"):
+            _offsets(q, bad)
+
+
+@pytest.mark.parametrize("extras", [False, True])
+def test_one_by_one_starts_each_sequence_from_its_state_row(extras):
+    bounds = [0, 4, 4, 9, 11]
+    q, k, v, gates, x = _inputs(11, extras)
+    state = {"S": torch.randn(4, 2, 3)}
+    o, final = _packed(_running_sum, q, k, v, gates, state, bounds, x)
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        xi = None if x is None else {"kappa": x["kappa"][:, a:b]}
+        oi, fi = _running_sum(q[:, a:b], k[:, a:b], v[:, a:b], {"eta": gates["eta"][:, a:b]},
+                              {"S": state["S"][i:i + 1]}, xi)
+        assert torch.equal(o[:, a:b], oi) and torch.equal(final["S"][i:i + 1], fi["S"])
+
+
+@pytest.mark.parametrize("extras", [False, True])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_padded_batch_equals_one_by_one(extras, with_state):
+    bounds = [0, 4, 4, 9, 11]
+    q, k, v, gates, x = _inputs(11, extras)
+    state = {"S": torch.randn(4, 2, 3)} if with_state else None
+    seen = {}
+
+    def rows(q, k, v, g, s, valid, x):
+        seen["shape"], seen["valid"] = tuple(q.shape), valid
+        assert (q[~valid] == 0).all() and (v[~valid] == 0).all()  # padding is zeroed
+        return _running_sum(q, k, v, g, s, x, valid)
+
+    def initial(n):
+        return {"S": torch.full((n, 2, 3), 0.5)}
+
+    o, final = _packed_padded(rows, _running_sum, initial, q, k, v, gates, state, bounds, x)
+    want_state = state if with_state else initial(4)
+    want_o, want_final = _packed(_running_sum, q, k, v, gates, want_state, bounds, x)
+    assert seen["shape"] == (4, 5, 2, 3) and seen["valid"].sum(1).tolist() == [4, 0, 5, 2]
+    assert torch.allclose(o, want_o) and torch.allclose(final["S"], want_final["S"])
+
+
+def test_all_empty_sequences_go_one_by_one():
+    q, k, v, gates, _ = _inputs(0)
+
+    def rows(*args):
+        raise AssertionError("no padded batch of length 0")
+
+    o, final = _packed_padded(rows, _running_sum, lambda n: None, q, k, v, gates, None, [0, 0, 0])
+    assert o.shape == (1, 0, 2, 3) and final["S"].shape == (2, 2, 3) and not final["S"].any()
