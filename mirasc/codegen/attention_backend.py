@@ -56,6 +56,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "NONPARAMETRIC": runtime_source("nonparametric"),
+        "INPUTS": runtime_source("inputs"),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "GPU_LIMITS": gpu_limits_source().rstrip("\n"), "CUSTOM_OPS": custom_ops_source().rstrip("\n"),
         "FLASH_SPACE": runtime_source("flash_space"),

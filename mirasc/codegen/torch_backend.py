@@ -258,6 +258,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["SEGMENTS"] = runtime_source("segments")
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
+    subs["INPUTS"] = runtime_source("inputs")
     body = preprocess(TEMPLATE, flags)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)

@@ -4,15 +4,7 @@ mirasc.codegen; docs/module-api.md, `apply`'s cu_seqlens)."""
 
 import torch
 
-
-def _offsets(q, cu_seqlens):
-    """The checked offsets of sequences packed along time (B = 1), as flash-linear-attention packs them."""
-    bounds = [int(x) for x in cu_seqlens]
-    if q.shape[0] != 1:
-        raise ValueError(f"with cu_seqlens the batch must be 1 (sequences packed along time), got {q.shape[0]}")
-    if bounds[0] != 0 or bounds[-1] != q.shape[1] or any(a > b for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must rise from 0 to T = {q.shape[1]}, got {bounds}")
-    return bounds
+from .inputs import _offsets
 
 
 def _packed(run, q, k, v, gates, state, cu_seqlens, extras=None):

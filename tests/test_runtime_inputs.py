@@ -1,13 +1,15 @@
-"""mirasc.runtime.packing, the packed-sequence runner every emitted module carries: offsets checked, sequences run one
-by one from their own state rows, and the padded batch equal to them, on a toy memory (a running sum whose state is
-the sum so far) so that a wrong cut, a lost state row or padding that leaks into a row shows as a number."""
+"""mirasc.runtime.inputs and mirasc.runtime.packing, the checks at `apply`'s door and the packed-sequence runner that
+every emitted module carries: each bad input a plain error naming it; offsets checked, sequences run one by one from
+their own state rows, and the padded batch equal to them, on a toy memory (a running sum whose state is the sum so
+far) so that a wrong cut, a lost state row or padding that leaks into a row shows as a number."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mirasc.runtime.packing import _offsets, _packed, _packed_padded
+from mirasc.runtime.inputs import _check_dtypes, _check_triton_device, _check_types, _offsets
+from mirasc.runtime.packing import _packed, _packed_padded
 
 
 def _running_sum(q, k, v, gates, state, extras, valid=None):
@@ -27,6 +29,39 @@ def _inputs(T, extras=False):
     q, k, v = (torch.randn(1, T, 2, 3, generator=g) for _ in range(3))
     gates = {"eta": torch.rand(1, T, 2, generator=g)}
     return q, k, v, gates, ({"kappa": torch.randn(1, T, 2, 3, generator=g)} if extras else None)
+
+
+def test_types_and_dtypes_are_checked_naming_the_argument():
+    t = torch.zeros(1, 2, 1, 3)
+    _check_types(t, t, t, {"eta": t}, {"kappa": t})
+    _check_dtypes(t, t, t.double(), {"eta": t.half()}, {"kappa": t.bfloat16()})
+    for args, words in [((t.tolist(), t, t, None), "q must be a tensor, not list"),
+                        ((t, t, t, [t]), "gates must be a dict of name -> tensor, not list"),
+                        ((t, t, t, {"eta": 0.5}), r"gates\['eta'\] must be a tensor of per-token values, not float"),
+                        ((t, t, t, None, {"kappa": 1}), r"extras\['kappa'\] must be a tensor")]:
+        with pytest.raises(TypeError, match=words):
+            _check_types(*args)
+    with pytest.raises(TypeError, match="apply: v has dtype torch.int64"):
+        _check_dtypes(t, t, t.long())
+    with pytest.raises(TypeError, match="apply: extra input 'kappa' has dtype torch.int32"):
+        _check_dtypes(t, t, t, {"eta": t}, {"kappa": t.int()})
+
+
+def test_triton_backend_needs_triton_and_somewhere_to_run():
+    class Knobs:  # a Triton whose interpreter is off
+        class runtime:
+            interpret = False
+
+    class Triton:
+        knobs = Knobs
+
+    x = torch.zeros(2)
+    with pytest.raises(RuntimeError, match="needs the triton package"):
+        _check_triton_device(x, None)
+    with pytest.raises(RuntimeError, match="runs its kernels on CUDA tensors and these are on cpu"):
+        _check_triton_device(x, Triton)
+    Knobs.runtime.interpret = True
+    _check_triton_device(x, Triton)  # the CPU interpreter runs them
 
 
 def test_offsets_are_checked():
