@@ -47,6 +47,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
             .replace("{{LAYER_CHECKS}}", layer_checks_source())
+            .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
