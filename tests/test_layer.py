@@ -116,6 +116,8 @@ def test_key_shift_starts_each_key_reaching_one_token_back():
     assert torch.allclose(k, torch.nn.functional.silu(raw + 0.5 * torch.cat([raw[:, :1] * 0, raw[:, :-1]], 1)),
                           atol=1e-6)
     assert mirasc.compile_spec(root / "titans.miras").LAYER_DEFAULTS["key_shift"] == 0.0
+    for conv in (0, 1):  # no tap one token back: nothing to shift (key_shift = 0), and the layer runs
+        assert mirasc.compile_spec(root / "gated_deltanet.miras").Layer(16, 2, conv=conv)(x).shape == x.shape
 
 
 def test_gate_head_term_starts_channel_gates_as_the_per_head_gate():
