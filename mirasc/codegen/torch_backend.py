@@ -49,6 +49,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
             .replace("{{LAYER_CHECKS}}", layer_checks_source())
             .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{LAYER_STREAMS}}", runtime_source("layer_streams"))
+            .replace("{{LAYER_STATE}}", runtime_source("layer_state"))
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 
