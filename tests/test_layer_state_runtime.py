@@ -30,3 +30,19 @@ def test_keep_rows_keeps_padding_rows_as_they_were():
     assert out["tag"] == "y" and torch.equal(out["fresh"], new["fresh"])  # not in the old cache: the new one
     history = _keep_rows(keep, torch.ones(3, 2, 4), None)  # the conv history starts as None: zeros
     assert history[:, 0, 0].tolist() == [1.0, 0.0, 1.0]
+
+
+def test_positive_weights_are_learned_through_their_logits():
+    from mirasc.runtime.layer_state import _constrained, _unconstrained
+
+    torch.manual_seed(0)
+    rows = torch.softmax(torch.randn(2, 3, 4, dtype=torch.float64), -1) * 4.0  # kl with c = 4: rows sum to 4
+    logits = _unconstrained("W1", rows, "softmax", 4.0)
+    assert torch.allclose(_constrained("W1", logits, "softmax", 4.0), rows)
+    assert torch.allclose(_constrained("A_W1", _unconstrained("A_W1", rows, "exp"), "exp"), rows)
+    assert torch.allclose(_unconstrained("W", rows, "exp"), rows.log())
+    for name in ("S_W1", "win_k", "A"):  # carried as they are, any sign
+        x = torch.randn(3)
+        assert _unconstrained(name, x, "softmax", 4.0) is x and _constrained(name, x, "exp") is x
+    x = torch.randn(3)
+    assert _unconstrained("W", x, None) is x and _constrained("W", x, None) is x

@@ -37,12 +37,10 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     unread += ("A",) if spec.precond else ()  # the preconditioner's statistic: a sum of squares from 0
     layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
                                "composite": spec.composite, "normalize": spec.normalized,
-                               "omega": spec.window > 1,  # the carried window win_* is not learned
                                "precond": spec.precond,  # the statistic a is carried beside the memory
                                "extras": bool(spec.extras),  # key inputs besides q, k (κ)
                                # an attention cache holds every past key: a padding token cannot be skipped in place
-                               "nonparametric": spec.memory.kind == "nonparametric",
-                               "kl_positive": positive == "softmax"})
+                               "nonparametric": spec.memory.kind == "nonparametric"})
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
@@ -50,6 +48,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
             .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{LAYER_STREAMS}}", runtime_source("layer_streams"))
             .replace("{{LAYER_STATE}}", runtime_source("layer_state"))
+            .replace("{{POSITIVE_SCALE}}", repr(float(spec.retention.c)) if positive == "softmax" else "1.0")
             .replace("{{UNREAD}}", repr(tuple(unread))))
 
 

@@ -1,6 +1,7 @@
-"""The Layer's state handling that does not depend on the spec: the dtype the memory computes in, a decoding cache's
-dtype, and a cache kept where a row's token is padding (a runtime piece: its body is copied into every emitted module
-by mirasc.codegen; docs/module-api.md, "Layer" and "Precision of the Layer")."""
+"""The Layer's state handling: the learned form of the initial state (positive weights through their logits), the
+dtype the memory computes in, a decoding cache's dtype, and a cache kept where a row's token is padding (a runtime
+piece: its body is copied into every emitted module by mirasc.codegen; docs/module-api.md, "Layer" and "Precision of
+the Layer")."""
 
 import torch
 
@@ -39,3 +40,26 @@ def _keep_rows(keep, new, old):
     if isinstance(new, int) and not isinstance(new, bool) and isinstance(old, int):
         return old + (new - old) * keep.long()
     return new
+
+
+def _carried_as_is(name):
+    """State entries that keep any sign and are never re-parametrised: momentum buffers S_* and the Omega window's
+    past keys, values and weights win_* (both start empty), and the preconditioner's statistic A (a sum of squares
+    from 0). The accumulators A_* of lq's chunk readout are weights like the others."""
+    return name.startswith(("S_", "win_")) or name == "A"
+
+
+def _unconstrained(name, w, positive, scale=1.0):
+    """The learned form of an initial state entry w. positive: how the retention keeps the weights positive,
+    "softmax" (kl: each row of W_0 sums to `scale`, so log(W_0 / scale) are logits whose row softmax times `scale`
+    is W_0 again), "exp" (log-weights), or None (any sign: w as it is)."""
+    if positive is None or _carried_as_is(name):
+        return w
+    return torch.log(w / scale) if positive == "softmax" else torch.log(w)
+
+
+def _constrained(name, p, positive, scale=1.0):
+    """The initial state entry the op reads, from its learned form p (the inverse of `_unconstrained`)."""
+    if positive is None or _carried_as_is(name):
+        return p
+    return scale * torch.softmax(p, dim=-1) if positive == "softmax" else torch.exp(p)
