@@ -5,10 +5,19 @@ far) so that a wrong cut, a lost state row or padding that leaks into a row show
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
-from mirasc.runtime.inputs import _check_dtypes, _check_triton_device, _check_types, _offsets
+from mirasc.runtime.inputs import (
+    _check_dtypes,
+    _check_triton_device,
+    _check_types,
+    _checked_gates,
+    _extra_inputs,
+    _offsets,
+)
 from mirasc.runtime.packing import _packed, _packed_padded
 
 
@@ -62,6 +71,37 @@ def test_triton_backend_needs_triton_and_somewhere_to_run():
         _check_triton_device(x, Triton)
     Knobs.runtime.interpret = True
     _check_triton_device(x, Triton)  # the CPU interpreter runs them
+
+
+def test_gates_checked_by_name_and_shape_then_laid_out_per_head():
+    B, T, H, Dk, Dv = 2, 5, 3, 4, 6
+    q = torch.zeros(B, T, H, Dk, dtype=torch.bfloat16)
+    names, channels = ("eta", "alpha"), {"alpha": "v"}
+    eta, alpha = torch.rand(B, T, H, dtype=torch.bfloat16), torch.rand(B, T, H, Dv)
+    out = _checked_gates({"eta": eta, "alpha": alpha}, q, Dv, names, channels)
+    assert out["eta"].dtype == torch.float32 and torch.equal(out["eta"], eta.float().transpose(1, 2))
+    assert torch.equal(out["alpha"], alpha.transpose(1, 2))  # [B, H, T, Dv]
+    missing = re.escape("missing gate 'alpha'; this op takes eta [B, T, H], alpha [B, T, H, Dv]")
+    for gates, words in [({"eta": eta}, missing),
+                         ({"eta": eta, "alpha": alpha, "beta": eta}, r"unknown gate\(s\) \['beta'\]"),
+                         ({"eta": eta, "alpha": alpha[..., :Dk]}, r"gate 'alpha' has shape \(2, 5, 3, 4\), "
+                                                                  r"expected \[B, T, H, Dv\] = \[2, 5, 3, 6\]")]:
+        with pytest.raises(ValueError, match=words):
+            _checked_gates(gates, q, Dv, names, channels)
+    with pytest.raises(ValueError, match="unknown gate.*this op takes no gates"):
+        _checked_gates({"eta": eta}, q, Dv, (), {})
+
+
+def test_extra_inputs_checked_by_name_and_shape():
+    q = torch.zeros(2, 5, 3, 4)
+    kappa = torch.randn(2, 5, 3, 4, dtype=torch.float64)
+    out = _extra_inputs({"kappa": kappa}, q, ("kappa",))
+    assert out["kappa"].dtype == torch.float32 and out["kappa"].shape == (2, 3, 5, 4)
+    for extras, words in [({}, "missing extra input 'kappa'"), ({"kappa": kappa, "mu": kappa}, "unknown extra"),
+                          ({"kappa": kappa[:, :4]}, "extra input 'kappa' has shape")]:
+        with pytest.raises(ValueError, match=words):
+            _extra_inputs(extras, q, ("kappa",))
+    assert _extra_inputs(None, q, ()) == {}
 
 
 def test_offsets_are_checked():

@@ -1,5 +1,6 @@
 """The checks at `apply`'s door that every memory module shares, parametric or not: tensors where tensors belong,
-floating-point dtypes, a Triton backend with somewhere to run, packed-sequence offsets (a runtime piece: its body is
+floating-point dtypes, the gates and key inputs by name and shape, a Triton backend with somewhere to run,
+packed-sequence offsets (a runtime piece: its body is
 copied into every emitted module by mirasc.codegen; docs/module-api.md, `apply`)."""
 
 import torch
@@ -58,3 +59,53 @@ def _offsets(q, cu_seqlens):
     if bounds[0] != 0 or bounds[-1] != q.shape[1] or any(a > b for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"cu_seqlens must rise from 0 to T = {q.shape[1]}, got {bounds}")
     return bounds
+
+
+def _gate_list(names, channels):
+    """The gates an op takes, in words: "eta [B, T, H], alpha [B, T, H, Dk]" (channels: name -> side)."""
+    return ", ".join(f"{n} {'[B, T, H]' if n not in channels else f'[B, T, H, D{channels[n]}]'}" for n in names) \
+        or "no gates"
+
+
+def _checked_gates(gates, like, d_v, names, channels):
+    """Every gate in `names`, checked by name and shape, as [B, H, T] ([B, H, T, D] channel-wise) in the compute
+    dtype (float32 for fp16/bf16 inputs, never rounded to 16 bits: docs/semantics.md "Numerics", a decay near 1
+    would move in steps of 2^-8 in bf16). like: q [B, T, H, Dk]; d_v: the value width (gates over v channels);
+    channels: name -> "k" or "v" for the channel-wise gates."""
+    B, T, H = like.shape[0], like.shape[1], like.shape[2]
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    gates = dict(gates or {})
+    unknown = sorted(set(gates) - set(names))
+    if unknown:
+        raise ValueError(f"unknown gate(s) {unknown}; this op takes {_gate_list(names, channels)}")
+    out = {}
+    for name in names:
+        side = channels.get(name)
+        want = (B, T, H) if side is None else (B, T, H, like.shape[3] if side == "k" else d_v)
+        shape = "[B, T, H]" if side is None else f"[B, T, H, D{side}]"
+        if name not in gates:
+            raise ValueError(f"missing gate {name!r}; this op takes {_gate_list(names, channels)}")
+        g = gates[name]
+        if tuple(g.shape) != want:
+            raise ValueError(f"gate {name!r} has shape {tuple(g.shape)}, expected {shape} = {list(want)}")
+        out[name] = g.to(dtype).transpose(1, 2)  # [B, H, T] or [B, H, T, D]
+    return out
+
+
+def _extra_inputs(extras, like, names):
+    """The op's key inputs besides q, k (`names`: EXTRAS), checked, as [B, H, T, Dk]. like: q [B, T, H, Dk]."""
+    extras = dict(extras or {})
+    unknown = sorted(set(extras) - set(names))
+    if unknown:
+        raise ValueError(f"unknown extra input(s) {unknown}; this op takes "
+                         f"{', '.join(f'{n} [B, T, H, Dk]' for n in names) or 'none'}")
+    out = {}
+    for name in names:
+        if name not in extras:
+            raise ValueError(f"missing extra input {name!r} [B, T, H, Dk]: pass it in apply(..., extras=...)")
+        x = extras[name]
+        if tuple(x.shape) != tuple(like.shape):
+            raise ValueError(f"extra input {name!r} has shape {tuple(x.shape)}, expected [B, T, H, Dk] = "
+                             f"{list(like.shape)}")
+        out[name] = x.to(like.dtype).transpose(1, 2)
+    return out
