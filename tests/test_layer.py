@@ -95,7 +95,7 @@ def test_key_shift_starts_each_key_reaching_one_token_back():
     for name, steps in (("gated_deltanet", 1), ("titans", 1), ("gated_deltaproduct", 2)):
         mod = mirasc.compile_spec(root / f"{name}.miras")
         torch.manual_seed(0)
-        plain = mod.Layer(16, 2)
+        plain = mod.Layer(16, 2, key_shift=0.0)
         torch.manual_seed(0)
         shifted = mod.Layer(16, 2, key_shift=0.5)
         n = 2 * shifted.head_dim
@@ -115,7 +115,7 @@ def test_key_shift_starts_each_key_reaching_one_token_back():
     raw = layer.qkv_proj(x)[..., 16:32]
     assert torch.allclose(k, torch.nn.functional.silu(raw + 0.5 * torch.cat([raw[:, :1] * 0, raw[:, :-1]], 1)),
                           atol=1e-6)
-    assert mirasc.compile_spec(root / "titans.miras").LAYER_DEFAULTS["key_shift"] == 0.0
+    assert mirasc.compile_spec(root / "gated_deltanet.miras").LAYER_DEFAULTS["key_shift"] == 0.0
     for conv in (0, 1):  # no tap one token back: nothing to shift (key_shift = 0), and the layer runs
         assert mirasc.compile_spec(root / "gated_deltanet.miras").Layer(16, 2, conv=conv)(x).shape == x.shape
 
@@ -154,9 +154,9 @@ def test_gate_head_term_starts_channel_gates_as_the_per_head_gate():
 
 def test_mlp_memories_get_their_family_defaults():
     """MLP memories start with the retention gate floored at alpha_min = 0.999, the Huber threshold at
-    softplus(12), RMS-normalised v and their gate projections at a tenth of the outer learning rate
-    (docs/training.md); linear memories keep α = σ(·), δ = softplus(0.5), v as projected and the full rate; a spec's
-    layer block and Layer(...) win."""
+    softplus(12), RMS-normalised v, their gate projections at a tenth of the outer learning rate and each key's
+    convolution tap one token back at 0.5 (docs/training.md); linear memories keep α = σ(·), δ = softplus(0.5), v as
+    projected, the full rate and no shift; a spec's layer block and Layer(...) win."""
     root = Path(__file__).resolve().parents[1] / "specs"
     x = torch.randn(2, 9, 16)
     for name, floor in (("titans", 0.999), ("yaad", 0.999), ("gated_deltanet", 0.0), ("mamba2", 0.0)):
@@ -167,6 +167,7 @@ def test_mlp_memories_get_their_family_defaults():
         assert mod.LAYER_DEFAULTS["gate_head_term"] == bool(floor), name
         assert mod.LAYER_DEFAULTS["gate_lr"] == (0.1 if floor else 1.0), name
         assert mod.LAYER_DEFAULTS["v_norm"] == ("rms" if floor else "none"), name
+        assert mod.LAYER_DEFAULTS["key_shift"] == (0.5 if floor else 0.0), name
         torch.manual_seed(0)
         layer = mod.Layer(16, 2)
         assert layer.gate_lr == mod.LAYER_DEFAULTS["gate_lr"], name
@@ -183,6 +184,14 @@ def test_mlp_memories_get_their_family_defaults():
     own = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { alpha_min = 0.5 }"))
     assert own.LAYER_DEFAULTS["alpha_min"] == 0.5
     # the canonical text keeps the options the block sets (and only those), so it compiles to the same Layer
+    # a convolution without a tap one token back drops the default shift (and the Layer still builds); asked for
+    # with one, the shift is refused
+    no_tap = mirasc.compile_spec(titans.replace("minibatch(64)", "minibatch(64)\n    layer { conv = 1 }"))
+    assert no_tap.LAYER_DEFAULTS["key_shift"] == 0.0 and no_tap.Layer(16, 2)(x).shape == x.shape
+    titans_mod = mirasc.compile_spec(root / "titans.miras")
+    assert titans_mod.Layer(16, 2, conv=1)(x).shape == x.shape
+    with pytest.raises(ValueError, match="'key_shift' = 0.5 adds to the convolution's tap one token back"):
+        titans_mod.Layer(16, 2, conv=1, key_shift=0.5)
     for opts, floor in (("conv = 2", 0.999), ("alpha_min = 0", 0.0)):
         text = titans.replace("minibatch(64)", f"minibatch(64)\n    layer {{ {opts} }}")
         block = mirasc.compile_spec(text)

@@ -335,9 +335,12 @@ class LayerOptions(Form):
 # a gate's pre-activation moves ~lr per weight per step and a failing seed's η saturated on every token within 150
 # steps; v is RMS-normalised (v_norm), the scale a LayerNorm'd read returns, so the outer loop cannot grow v until the
 # error passes the Huber threshold, where the update δ·sign(e) passes no gradient to v; the error then starts near
-# √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts at softplus(12) ≈ 12. A spec's own `layer { ... }` block wins.
+# √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts at softplus(12) ≈ 12; the keys' convolution tap one token
+# back starts at 0.5 (key_shift): recall needs the key written at a value to carry the token before it, and an MLP
+# memory's run sat on MQAR's loss plateau until its convolution had formed that key (a conv without that tap drops
+# it). A spec's own `layer { ... }` block wins.
 MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 12.0, "gate_head_term": True,
-                                      "gate_lr": 0.1, "v_norm": "rms"}
+                                      "gate_lr": 0.1, "key_shift": 0.5, "v_norm": "rms"}
 
 
 def params_of(cls: type[Form]) -> list[str]:
@@ -369,13 +372,15 @@ class Spec(BaseModel):
     # ------------------------------------------------------------------ derived facts
     def layer_defaults(self) -> dict[str, Any]:
         """The defaults of this spec's Layer: the `layer { ... }` block over the family defaults (MLP memories:
-        `MLP_LAYER_DEFAULTS`, v_norm only with a LayerNorm; memories that are not parametric read raw q, k unless the
-        spec asks for qk_norm)."""
+        `MLP_LAYER_DEFAULTS`, v_norm only with a LayerNorm, key_shift only with conv >= 2; memories that are not
+        parametric read raw q, k unless the spec asks for qk_norm)."""
         out = {p: v for p, v in self.layer if p != "kind"}
         given = self.layer.model_fields_set
         family = dict(MLP_LAYER_DEFAULTS) if self.memory.kind == "mlp" else {}
         if family and self.memory.norm != "layernorm":
             del family["v_norm"]  # the target scale of a LayerNorm'd read; an MLP without one has none to match
+        if family and out["conv"] < 2:
+            del family["key_shift"]  # a convolution without a tap one token back has nothing to shift
         if not self.parametric:
             # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
             family["qk_norm"] = "none"

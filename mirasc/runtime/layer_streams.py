@@ -9,11 +9,12 @@ import torch.nn as nn
 def _conv_weight(width, taps, key_rows, key_shift=0.0):
     """The depthwise causal convolution's weight [width, taps] at initialisation: near the identity (the current
     token's tap 1, every tap plus 0.02·N(0, 1)), and key_shift added to the tap one token back on the key rows (a
-    slice: each key starts as its own token plus key_shift times the previous one, a previous-token key)."""
+    slice: each key starts as its own token plus key_shift times the previous one, a previous-token key; a
+    one-tap convolution has no such tap, and nothing is shifted)."""
     w = torch.zeros(width, taps)
     w[:, -1] = 1.0
     w.add_(0.02 * torch.randn_like(w))
-    if key_shift:
+    if key_shift and taps > 1:
         w[key_rows, -2] += key_shift
     return nn.Parameter(w)
 
