@@ -15,12 +15,12 @@ length 64 with 8 kv pairs, batch 32, AdamW, the same batches and initialisation 
 - the short convolution's reach into the past per stream (q, k, v): ‖taps before the current token‖ / ‖all taps‖
   over that stream's channels (it starts near 0, the current token's tap at 1; MQAR's recall needs the key written
   at a value's position to carry the token before it).
-`--key-shift a` is the Layer option `key_shift = a` (a on the key stream's convolution tap one token back at
-initialisation: a previous-token key, the recall circuit's first half); `--perturb ε` multiplies every initial
-weight by (1 + ε·N(0, 1)) (how far a run's course moves with its rounding). At the end (or at `--stop-after`
-steps, the schedule still that of `--steps`): accuracy at 64/128/256 as `explore` evaluates it, and one JSON file
-with the log. Layer options are given as in `mirasc explore --layer` (`--layer v_norm=none gate_lr=1` restores the
-earlier defaults).
+`--key-shift a` sets the Layer option `key_shift = a` (a on the key stream's convolution tap one token back at
+initialisation: a previous-token key, the recall circuit's first half; the MLP memories' default is 0.5, and
+`--key-shift 0` turns it off); `--perturb ε` multiplies every initial weight by (1 + ε·N(0, 1)) (how far a run's
+course moves with its rounding). At the end (or at `--stop-after` steps, the schedule still that of `--steps`):
+accuracy at 64/128/256 as `explore` evaluates it, and one JSON file with the log. Layer options are given as in
+`mirasc explore --layer` (`--layer v_norm=none gate_lr=1 key_shift=0` restores the earlier defaults).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def probe(args) -> dict:
     torch.set_num_threads(1)
     module = mirasc.compile_spec(args.spec)
     layer_opts = explore._pairs(args.layer)  # as `mirasc explore --layer` reads them
-    if args.key_shift:  # the Layer option: the key stream's convolution starts reaching one token back
+    if args.key_shift is not None:  # the Layer option (MLP memories' default 0.5; 0 turns it off)
         layer_opts["key_shift"] = args.key_shift
     cfg = tasks.make_config("mqar", seq_len=args.seq_len, num_kv_pairs=args.pairs)
     torch.manual_seed(args.seed)
@@ -192,8 +192,9 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--stop-after", type=int, default=0, help="end after this many steps (0: --steps)")
     p.add_argument("--perturb", type=float, default=0.0, help="relative noise ε on every initial weight (0: none)")
-    p.add_argument("--key-shift", type=float, default=0.0,
-                   help="added to the key stream's convolution tap one token back at initialisation (0: none)")
+    p.add_argument("--key-shift", type=float, default=None,
+                   help="the Layer option key_shift: added to the key stream's convolution tap one token back at "
+                        "initialisation (default: the spec's Layer default; 0 turns it off)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--pairs", type=int, default=8, help="key-value pairs per training sequence")
     p.add_argument("--layer", nargs="*", default=[], metavar="K=V")
