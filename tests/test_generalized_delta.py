@@ -349,7 +349,7 @@ def test_layer_alpha_act_exp():
     x = torch.randn(2, 9, 16, dtype=f64)
     _, _, _, gates, _ = layer._project(x)
     extras = layer._key_inputs(x)
-    r = layer.gate_proj(x).split(layer._gate_widths, dim=-1)[list(mod.GATES).index("alpha")].view(2, 9, 2, 8)
+    r = layer.gate_proj(x).split(layer._gates.widths, dim=-1)[list(mod.GATES).index("alpha")].view(2, 9, 2, 8)
     assert torch.allclose(gates["alpha"], torch.exp(-torch.exp(-r)))
     assert torch.allclose(extras["kappa"].norm(dim=-1), torch.ones(2, 9, 2, dtype=f64))
     y = layer(x)

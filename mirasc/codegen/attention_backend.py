@@ -12,7 +12,7 @@ from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
 from .directives import preprocess
-from .standalone import custom_ops_source, gpu_limits_source, kernels_source, runtime_source
+from .standalone import kernels_source, runtime_source
 from .torch_backend import layer_source, per_head_source
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -58,7 +58,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
-        "GPU_LIMITS": gpu_limits_source().rstrip("\n"), "CUSTOM_OPS": custom_ops_source().rstrip("\n"),
+        "GPU_LIMITS": runtime_source("gpu_limits"), "CUSTOM_OPS": runtime_source("custom_ops"),
         "FLASH_SPACE": runtime_source("flash_space"),
         # the kernels (mirasc/runtime/kernels/): what flash and stick-breaking share, then the read's own
         "ATTENTION_KERNELS": kernels_source("attention") + ("\n" + kernels_source("flash") if m.kernel == "softmax"

@@ -10,7 +10,7 @@ import functools
 import types
 from pathlib import Path
 
-from ..runtime import custom_ops, gpu_limits, layer_options, lm
+from ..runtime import lm
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -70,26 +70,11 @@ def _body(text: str) -> str:
     return ""
 
 
-def layer_checks_source() -> str:
-    """The Layer options' checker (mirasc.runtime.layer_options) that every emitted module carries."""
-    return body(layer_options)
-
-
-def gpu_limits_source() -> str:
-    """The shared-memory table and its lookup (mirasc.runtime.gpu_limits) that autotuned kernel sections carry."""
-    return body(gpu_limits)
-
-
 @functools.cache
 def runtime_source(name: str) -> str:
     """The body of mirasc/runtime/`name`.py as an emitted module carries it, without its trailing newline (it fills a
     template slot): read rather than imported, since emitting needs neither triton nor torch."""
     return _body((RUNTIME / f"{name}.py").read_text(encoding="utf-8")).rstrip("\n")
-
-
-def custom_ops_source() -> str:
-    """The custom-op registration (mirasc.runtime.custom_ops) that the sections registering kernel ops carry."""
-    return body(custom_ops)
 
 
 def lm_source() -> str:

@@ -19,7 +19,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import triton_backend, triton_minibatch
 from .directives import preprocess
-from .standalone import layer_checks_source, runtime_source
+from .standalone import runtime_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -44,7 +44,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
-            .replace("{{LAYER_CHECKS}}", layer_checks_source())
+            .replace("{{LAYER_CHECKS}}", runtime_source("layer_options"))
             .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{LAYER_STREAMS}}", runtime_source("layer_streams"))
             .replace("{{LAYER_STATE}}", runtime_source("layer_state"))

@@ -51,7 +51,7 @@ from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
 from .directives import preprocess
-from .standalone import custom_ops_source, runtime_source
+from .standalone import runtime_source
 from .triton_chunked import emit_chunked  # noqa: F401 (the chunked families' entry point)
 from .triton_printing import Unsupported
 from .triton_recurrent import (
@@ -116,7 +116,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "TRITON_FEATURES": repr(features),
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "RECURRENT_SPACE": runtime_source("recurrent_space"),
-        "CUSTOM_OPS": custom_ops_source().rstrip("\n"),  # (this section comes first: the later ones use it too)
+        "CUSTOM_OPS": runtime_source("custom_ops"),  # (this section comes first: the later ones use it too)
     }
     return fill(preprocess(SECTION, {"features": features}), subs)
 

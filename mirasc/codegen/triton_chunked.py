@@ -29,7 +29,7 @@ from pathlib import Path
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .directives import preprocess
-from .standalone import gpu_limits_source, kernels_source, runtime_source
+from .standalone import kernels_source, runtime_source
 
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
 
@@ -57,7 +57,7 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
-            .replace("{{GPU_LIMITS}}", gpu_limits_source().rstrip("\n"))
+            .replace("{{GPU_LIMITS}}", runtime_source("gpu_limits"))
             .replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
             .replace("{{CHUNK_DOTS}}\n", kernels_source("dots") + "\n")
             .replace("{{CHUNK_KERNELS}}\n", chunk_kernels_source(family, flags) + "\n"))

@@ -67,29 +67,32 @@ def _gate_list(names, channels):
         or "no gates"
 
 
-def _checked_gates(gates, like, d_v, names, channels):
-    """Every gate in `names`, checked by name and shape, as [B, H, T] ([B, H, T, D] channel-wise) in the compute
-    dtype (float32 for fp16/bf16 inputs, never rounded to 16 bits: docs/semantics.md "Numerics", a decay near 1
-    would move in steps of 2^-8 in bf16). like: q [B, T, H, Dk]; d_v: the value width (gates over v channels);
-    channels: name -> "k" or "v" for the channel-wise gates."""
+def _check_gates(gates, like, d_v, names, channels):
+    """Every gate in `names` present, none other, each [B, T, H] ([B, T, H, Dk] or [B, T, H, Dv] channel-wise).
+    like: q [B, T, H, Dk]; d_v: the value width (gates over v channels); channels: name -> "k" or "v" for the
+    channel-wise gates."""
     B, T, H = like.shape[0], like.shape[1], like.shape[2]
-    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
-    gates = dict(gates or {})
+    gates = gates or {}
     unknown = sorted(set(gates) - set(names))
     if unknown:
         raise ValueError(f"unknown gate(s) {unknown}; this op takes {_gate_list(names, channels)}")
-    out = {}
     for name in names:
         side = channels.get(name)
         want = (B, T, H) if side is None else (B, T, H, like.shape[3] if side == "k" else d_v)
         shape = "[B, T, H]" if side is None else f"[B, T, H, D{side}]"
         if name not in gates:
             raise ValueError(f"missing gate {name!r}; this op takes {_gate_list(names, channels)}")
-        g = gates[name]
-        if tuple(g.shape) != want:
-            raise ValueError(f"gate {name!r} has shape {tuple(g.shape)}, expected {shape} = {list(want)}")
-        out[name] = g.to(dtype).transpose(1, 2)  # [B, H, T] or [B, H, T, D]
-    return out
+        if tuple(gates[name].shape) != want:
+            raise ValueError(f"gate {name!r} has shape {tuple(gates[name].shape)}, expected {shape} = {list(want)}")
+
+
+def _checked_gates(gates, like, d_v, names, channels):
+    """The gates, checked (`_check_gates`), as [B, H, T] ([B, H, T, D] channel-wise) in the compute dtype (float32
+    for fp16/bf16 inputs, never rounded to 16 bits: docs/semantics.md "Numerics", a decay near 1 would move in
+    steps of 2^-8 in bf16)."""
+    _check_gates(gates, like, d_v, names, channels)
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    return {name: gates[name].to(dtype).transpose(1, 2) for name in names}  # [B, H, T] or [B, H, T, D]
 
 
 def _extra_inputs(extras, like, names):
