@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mirasc.codegen.directives import preprocess
-from mirasc.codegen.standalone import body, layer_checks_source, lm_source, model_source
+from mirasc.codegen.standalone import body, lm_source, model_source, runtime_source
 from mirasc.runtime import layer_options, lm
 
 TEXT = """a
@@ -74,7 +74,7 @@ def test_body_is_the_module_after_its_docstring_and_imports():
 
 def test_the_layer_checks_run_standalone():
     namespace = {}
-    exec("import math\n" + layer_checks_source(), namespace)  # an emitted module imports math at its top
+    exec("import math\n" + runtime_source("layer_options"), namespace)  # an emitted module imports math at its top
     schema = {"conv": {"type": "int", "ge": 0}}
     assert namespace["layer_option_problems"]({"conv": -1, "cnov": 1}, schema) == \
         layer_options.layer_option_problems({"conv": -1, "cnov": 1}, schema)
