@@ -11,26 +11,29 @@ import pytest
 pytest.importorskip("triton")
 from mirasc.runtime import chunk_space as cs  # noqa: E402
 
-# (kernel, key-channel decay, padded key columns, BV, warps, stages, ptxas shared bytes on sm_90, on sm_80)
+# (kernel, key-channel decay, padded key columns, BV, rows per sub-block, warps, stages, ptxas shared bytes on sm_90,
+# on sm_80)
 MEASURED = [
-    ("_chunk_state_fwd", False, 256, 16, 8, 1, 20480, 20480),     # Gated DeltaNet, D = 256
-    ("_chunk_state_fwd", False, 256, 64, 8, 2, 147716, 82180),
-    ("_chunk_state_fwd", False, 128, 16, 8, 2, 53508, 37124),     # D = 128
-    ("_chunk_state_bwd", False, 256, 64, 8, 1, 32768, 32768),
-    ("_chunk_state_bwd", False, 256, 16, 8, 1, 20480, 20480),
-    ("_chunk_state_bwd", False, 128, 64, 8, 2, 131588, 82436),
-    ("_chunk_state_fwd", True, 256, 64, 8, 1, 38912, 40960),      # KDA, D = 256
-    ("_chunk_state_fwd", True, 256, 64, 8, 2, 71680, 71680),
-    ("_chunk_state_bwd", True, 256, 64, 8, 1, 43008, 40960),
-    ("_chunk_state_bwd", True, 256, 64, 8, 2, 98304, 81920),
+    ("_chunk_state_fwd", False, 256, 16, 64, 8, 1, 20480, 20480),     # Gated DeltaNet, D = 256
+    ("_chunk_state_fwd", False, 256, 64, 64, 8, 2, 147716, 82180),
+    ("_chunk_state_fwd", False, 128, 16, 64, 8, 2, 53508, 37124),     # D = 128
+    ("_chunk_state_bwd", False, 256, 64, 64, 8, 1, 32768, 32768),
+    ("_chunk_state_bwd", False, 256, 16, 64, 8, 1, 20480, 20480),
+    ("_chunk_state_bwd", False, 128, 64, 64, 8, 2, 131588, 82436),
+    ("_chunk_state_bwd", False, 256, 64, 16, 8, 1, 73728, 69696),     # Hedgehog, D = 128: 16-row sub-blocks
+    ("_chunk_state_bwd", False, 256, 64, 16, 8, 2, 98368, 90176),
+    ("_chunk_state_fwd", True, 256, 64, 16, 8, 1, 38912, 40960),      # KDA, D = 256
+    ("_chunk_state_fwd", True, 256, 64, 16, 8, 2, 71680, 71680),
+    ("_chunk_state_bwd", True, 256, 64, 16, 8, 1, 43008, 40960),
+    ("_chunk_state_bwd", True, 256, 64, 16, 8, 2, 98304, 81920),
 ]
 
 
-@pytest.mark.parametrize("kernel,ch,full_k,BV,warps,stages,sm90,sm80", MEASURED)
-def test_scan_model_bounds_ptxas(kernel, ch, full_k, BV, warps, stages, sm90, sm80):
-    space = {(c.kwargs["BV"], c.num_warps, c.num_stages): smem
+@pytest.mark.parametrize("kernel,ch,full_k,BV,BC,warps,stages,sm90,sm80", MEASURED)
+def test_scan_model_bounds_ptxas(kernel, ch, full_k, BV, BC, warps, stages, sm90, sm80):
+    space = {(c.kwargs["BV"], c.kwargs["BC"], c.num_warps, c.num_stages): smem
              for c, smem in cs._chunk_space(kernel, full_k, full_k, 64, "bf16", ch)}
-    modelled = space[(BV, warps, stages)]
+    modelled = space[(BV, BC, warps, stages)]
     assert max(sm90, sm80) <= modelled
     # and not the old model's margin (every loop tile fp32 in every stage, up to 14x above ptxas)
     assert modelled <= 3 * max(sm90, sm80)
@@ -63,6 +66,21 @@ def test_spaces_are_ordered_safest_first_and_pruned_by_the_limit():
         assert [_key(c) for c in kept] == [_key(c) for c, smem in space if smem <= limit]
         assert [_key(c) for c in cs._chunk_configs(kernel, 128, 128, 64, None, "bf16", False)] == \
             [_key(c) for c, _ in space]
+
+
+def test_scans_offer_sub_blocks_where_the_state_is_two_k_blocks():
+    """Per head, two K blocks and tensor-core products: 16-row sub-blocks and the whole chunk, sub-blocks first
+    under split products (bf16x2); one K block or exact fp32 products: the whole chunk; a key-channel decay: 16
+    rows always."""
+    def rows(kernel, full_k, ch, prec="bf16", bt=64):
+        return list(dict.fromkeys(c.kwargs["BC"] for c, _ in cs._chunk_space(kernel, full_k, 64, bt, prec, ch)))
+    for kernel in cs._SCANS:
+        assert rows(kernel, 256, False) == [64, 16] and rows(kernel, 128, False) == [64, 16]
+        assert rows(kernel, 256, False, "bf16x2") == [16, 64]
+        assert rows(kernel, 64, False) == [64] and rows(kernel, 128, False, "ieee") == [64]
+        assert rows(kernel, 256, True) == [16] and rows(kernel, 128, False, bt=16) == [16]
+        first = cs._chunk_space(kernel, 256, 64, 64, "bf16x2", False)[0][0]
+        assert (first.kwargs["BV"], first.kwargs["BC"], first.num_warps, first.num_stages) == (16, 16, 8, 1)
 
 
 def test_emitted_chunk_modules_carry_this_module():

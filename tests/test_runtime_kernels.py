@@ -204,7 +204,7 @@ def _chunk_reference(k, wk, u_in, g, w0, BT):
     return w, torch.stack(ckpt, 1), torch.cat(uu, 1)
 
 
-@pytest.mark.parametrize("variant", ["head", "channel"])
+@pytest.mark.parametrize("variant", ["head", "head-sub-blocks", "channel"])
 @pytest.mark.parametrize("two_k", [False, True], ids=["one-K-block", "two-K-blocks"])
 def test_chunk_state_scan_and_output_against_float64(variant, two_k):
     BH, BT, NT, Dk, Dv = 2, 32, 3, 20, 20  # Dk = 20: padded lanes in one block of 32 or two of 16
@@ -215,6 +215,7 @@ def test_chunk_state_scan_and_output_against_float64(variant, two_k):
     u_in = torch.randn(BH, T, Dv, generator=g, dtype=f64)
     w0 = 0.3 * torch.randn(BH, Dv, Dk, generator=g, dtype=f64)
     shape = (BH, NT, BT) + ((Dk,) if variant == "channel" else ())
+    head = variant.startswith("head")
     logs = torch.log(0.8 + 0.2 * torch.rand(shape, generator=g, dtype=f64))
     gates = logs.cumsum(2).reshape(BH, T, *shape[3:])  # the cumulative log-decay, restarting every chunk
     want_w, want_ckpt, want_uu = _chunk_reference(k, wk, u_in, gates, w0, BT)
@@ -223,12 +224,13 @@ def test_chunk_state_scan_and_output_against_float64(variant, two_k):
     eta = torch.ones(BH, T, **f32)  # (read only when U is v as given: SCALE_U)
     args = [x.float().contiguous() for x in (k, wk, u_in)] + [eta, gates.float().contiguous(), w0.float()]
     common = dict(BT=BT, BK=BK, BV=16, TWO_K=two_k, HAS_WK=True, PREC="ieee", SCALE_U=False, TF=False)
-    # one kernel for both decays: the whole chunk at once with one per head, 16-row sub-blocks per key channel
+    # one kernel for both decays: one per head in sub-blocks of the whole chunk or of 16 rows, per key channel
+    # of 16 rows
     chunk._chunk_state_fwd[(2, BH)](*args, uu, w_out, ckpt, T, Dk, Dv, 1, BC=BT if variant == "head" else 16,
-                                    CH=variant == "channel", **common)
+                                    CH=not head, **common)
     for name, a, b in (("W", w_out, want_w), ("W_0", ckpt, want_ckpt), ("u", uu, want_uu)):
         assert (a.double() - b).norm() / b.norm() < 1e-5, (variant, name)
-    if variant == "head":  # (2): o = e^{g} ∘ (Q W_0ᵀ) - ((Q Kᵀ) ∘ D) u, D_ts = e^{g_t - g_s} for s <= t
+    if head:  # (2): o = e^{g} ∘ (Q W_0ᵀ) - ((Q Kᵀ) ∘ D) u, D_ts = e^{g_t - g_s} for s <= t
         o = torch.empty(BH, T, Dv, **f32)
         chunk._chunk_output_fwd[(2, NT, BH)](q.float().contiguous(), args[0], uu, args[4], ckpt, o, T, Dk, Dv, 1,
                                              BT=BT, BK=BK, BV=16, PREC="ieee", TF=False, CH=False)

@@ -425,3 +425,14 @@ def test_widest_key_blocks(name):
     """Key widths up to 256 padded columns run on the kernels (the scans' two K blocks of 128): Dk = 200, masked
     columns in the second block, per-head and key-channel decays, against the float64 recurrence."""
     check(compile_named(name), (1, 21, 1, 200, 20), chunk=16)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "hebbian_gate_decay"])
+@pytest.mark.parametrize("rows", [16, 32], ids=["sub-blocks", "whole-chunk"])
+def test_scan_rows_are_schedule_only(name, rows, monkeypatch):
+    """With one log-decay per head the scans take a chunk's rows in 16-row sub-blocks or whole (a schedule choice,
+    mirasc.runtime.chunk_space): both against the float64 recurrence, at a chunk of 32 and Dk = 40 (two K blocks
+    of 32, masked columns in the second)."""
+    mod = compile_named(name)
+    monkeypatch.setattr(mod, "_scan_rows", lambda BT, two_k, ch, prec: (rows,))  # (what the interpreter launches)
+    check(mod, (1, 70, 1, 40, 20), chunk=32)

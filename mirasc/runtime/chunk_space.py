@@ -28,7 +28,7 @@ def _chunk_smem_estimate(name, meta, ch):
     BT, BV, BK = meta["BT"], meta["BV"], meta["BK"]
     stages = meta.get("num_stages", 1)
     if name in _SCANS:
-        return _scan_smem_estimate(name, BT, BV, meta["K_BLOCK"], BK, stages, ch)
+        return _scan_smem_estimate(name, BT, BV, meta["K_BLOCK"], BK, stages, meta["BC"], ch)
     if name in ("_wy_fwd", "_wy_bwd"):  # K, W (or Wk, dWk) and V (or U, dU) tiles; S, A and their kin [BT, BT]
         return 4 * (stages * (2 * BT * BK + 2 * BT * BV) + 4 * BT * BT)
     if ch:  # the gradients' sub-blocks hold chunk tiles and a [BC, BC, BK] factor
@@ -42,15 +42,15 @@ def _chunk_smem_estimate(name, meta, ch):
     return 4 * (stages * (2 * BV * BK + 3 * BT * BV) + 2 * BT * BK + BT * BT)  # _chunk_grads_bwd
 
 
-def _scan_smem_estimate(name, BT, BV, BKb, full_k, stages, ch):
+def _scan_smem_estimate(name, BT, BV, BKb, full_k, stages, BC, ch):
     """The scans' shared memory (bytes), an upper bound of ptxas: the operands of their products staged once, fp32
     ([BT, BKb] and [BV, BKb] for a K block of BKb columns, [BT, BV]), and, pipelined (stages > 1), stages - 1
     copies of a sub-block's loaded tiles over all full_k key columns, fp32: k and Wk (and q in the reverse scan; g
-    with a key-channel decay, whose sub-blocks are SUB rows), and [BC, BV] of u or dO. Measured with ptxas for sm_90
-    and sm_80 on the whole space at key widths 128 to 256 (per-head and key-channel decays, a feature map's bf16x2
-    dots): at most 80% of this; the old model, every tile staged per stage, was up to 14x above (228 KB modelled
-    against 16 KB at 256 key columns)."""
-    BC = SUB if ch else BT
+    with a key-channel decay, whose sub-blocks are always SUB rows), and [BC, BV] of u or dO, for sub-blocks of BC
+    rows. Measured with ptxas for sm_90 and sm_80 on the whole space at key widths 128 to 256 (per-head and
+    key-channel decays, a feature map's bf16x2 dots): at most 90% of this (the per-head decay's 16-row sub-blocks
+    at BV = 64; 80% for every whole-chunk configuration); the old model, every tile staged per stage, was up to
+    14x above (228 KB modelled against 16 KB at 256 key columns)."""
     tiles = (2 if name == "_chunk_state_fwd" else 3) + int(ch)
     return 4 * ((stages - 1) * (tiles * BC * full_k + BC * BV) + BT * BKb + BV * BKb + BT * BV)
 
@@ -88,15 +88,33 @@ def _chunk_space(name, Dk, Dv, BT, prec, ch):
             if (bv, bk) in seen:
                 continue
             seen.add((bv, bk))
-            extra = {"TWO_K": 2 * bk == full_k} if scan else {}
-            # the gradients' sub-blocks with a channel decay and the preparation's backward (five [BT, BT] tiles):
-            # 4 warps spill
-            for warps in ((8,) if fma or (ch and grads) or name == "_wy_bwd" else (8, 4)):
-                for stages in (1, 2):
-                    meta = dict(BT=BT, BV=bv, BK=full_k if scan else bk, K_BLOCK=bk, num_stages=stages)
-                    out.append((triton.Config({"BV": bv, "BK": bk, **extra}, num_warps=warps, num_stages=stages),
-                                _chunk_smem_estimate(name, meta, ch)))
+            two_k = 2 * bk == full_k
+            for rows in (_scan_rows(BT, two_k, ch, prec) if scan else (None,)):
+                extra = {"TWO_K": two_k, "BC": rows} if scan else {}
+                # the gradients' sub-blocks with a channel decay and the preparation's backward (five [BT, BT]
+                # tiles): 4 warps spill
+                for warps in ((8,) if fma or (ch and grads) or name == "_wy_bwd" else (8, 4)):
+                    for stages in (1, 2):
+                        meta = dict(BT=BT, BV=bv, BK=full_k if scan else bk, K_BLOCK=bk, BC=rows, num_stages=stages)
+                        out.append((triton.Config({"BV": bv, "BK": bk, **extra}, num_warps=warps,
+                                                  num_stages=stages), _chunk_smem_estimate(name, meta, ch)))
     return out
+
+
+def _scan_rows(BT, two_k, ch, prec):
+    """The rows a scan takes at once (BC, its sub-blocks), safest first. A decay per key channel: 16 (no [BT, BK]
+    fp32 tile live). One per head: the whole chunk (a 64-row tile feeds a warpgroup's HGMMA on sm_90) and, where
+    the state is two K blocks and the products run on tensor cores, also 16-row sub-blocks, which hold a quarter
+    of the chunk's key and query tiles: on sm_80 at 256 padded key columns they hold the reverse scan's BV = 64
+    at 255 registers without spills (the whole chunk: 4856 B, Gated DeltaNet). Sub-blocks come first under split
+    products (bf16x2: the state's two bf16 parts are operands; Hedgehog at D = 128 and Based on sm_80, BV = 16:
+    the whole chunk spills 40 B at 255 registers, sub-blocks none at 166), the whole chunk first otherwise (Gated
+    DeltaNet at D = 256 on sm_80, BV = 16: 0 B, sub-blocks 8 B)."""
+    if ch:
+        return (SUB,)
+    if not two_k or BT <= SUB or prec == "ieee":
+        return (BT,)
+    return (SUB, BT) if prec == "bf16x2" else (BT, SUB)
 
 
 def _chunk_configs(name, Dk, Dv, BT, smem_limit, prec, ch):

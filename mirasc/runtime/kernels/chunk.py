@@ -87,12 +87,14 @@ def _log_decay_rows(G, bh, tok, T, Nk, rk, mk, CH: tl.constexpr):
     return g
 
 
-# The scans over chunks, the only sequential part of (1), for both decays. One log-decay per head and token
-# scales rows (u's in the forward, dO's in the backward) and takes the whole chunk at once (BC = BT: a
-# 64-row tile feeds a warpgroup's HGMMA); a log-decay per key channel (CH, docs/semantics.md: channel-wise
-# gates) scales the key's (or query's) columns, and the chunk's rows go in sub-blocks of BC = 16 so that no
-# [BT, BK] fp32 tile is live: u of a sub-block needs only W_0, and the update sums over sub-blocks. The state
-# tile [BV, Dk] is one [BV, BK] block or two (TWO_K: columns BK..2BK-1), so that no operand is wider than BK.
+# The scans over chunks, the only sequential part of (1), for both decays. The chunk's rows go in sub-blocks of
+# BC: u of a sub-block needs only W_0, and the update sums over sub-blocks. One log-decay per head and token
+# scales rows (u's in the forward, dO's in the backward), in sub-blocks of any BC dividing BT (the whole chunk,
+# BC = BT, feeds a warpgroup's HGMMA a 64-row tile; 16 rows hold fewer registers); a log-decay per key channel
+# (CH, docs/semantics.md: channel-wise gates) scales the key's (or query's) columns, in sub-blocks of 16 so that
+# no [BT, BK] fp32 tile is live. The state tile [BV, Dk] is one [BV, BK] block or two (TWO_K: columns
+# BK..2BK-1), so that no operand is wider than BK. Which BC and BK a launch takes is a schedule choice
+# (mirasc.runtime.chunk_space).
 @triton.jit
 def _chunk_state_fwd(K, WK, U, ETA, G, W_in, UU, W_out, CKPT, T, Nk, Nv, H,
                      BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, TWO_K: tl.constexpr,
