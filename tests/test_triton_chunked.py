@@ -133,7 +133,8 @@ def test_triton_default_is_the_chunked_kernel():
 @pytest.mark.parametrize("chunk", [1, 5, 24])
 def test_any_chunk_length_tiles(name, chunk):
     """A chunk that is not a power of two >= 16 is one zero-padded tile of the kernels (same function)."""
-    check(compile_named(name), (1, 29, 2, 40, 20), chunk=chunk)  # Dk = 40: two K blocks in the scans
+    # Dk = 40: two K blocks in the scans; T covers several chunks and a partial last one
+    check(compile_named(name), (1, 11 if chunk == 1 else 29, 2, 40, 20), chunk=chunk)
 
 
 @pytest.mark.parametrize("C", [1, 3, 4, 8, 16, 64])
@@ -142,7 +143,7 @@ def test_minibatch_any_size(C):
     body = VARIANTS["minibatch_decay"].replace("minibatch(16)", f"minibatch({C})")
     mod = mirasc.compile_spec(f"model mb{C} {{\n{body}\n}}\n")
     mod.MINIBATCH_SIZE = C
-    check(mod, (1, 70, 2, 8, 16), chunk=C)
+    check(mod, (1, 20 if C == 1 else 70, 2, 8, 16), chunk=C)  # (several mini-batches and a partial last one)
 
 
 def test_triton_chunked_fp16_inputs():
@@ -392,7 +393,7 @@ def test_half_inputs_read_in_place(name):
     copied once in that layout; the results are the same."""
     mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
     g = torch.Generator().manual_seed(0)
-    B, T, H, D = 2, 48, 3, 32
+    B, T, H, D = 2, 32, 2, 32
     q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=g), dim=-1).bfloat16() for _ in "qk")
     v = torch.randn(B, T, H, D, generator=g).bfloat16()
     gates = {n: 0.05 + 0.45 * torch.rand(B, T, H, *_channels(mod, n, D, D), generator=g) for n in mod.GATES}
