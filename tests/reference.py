@@ -179,7 +179,7 @@ REF_CONFIGS: dict[str, dict] = {
     "memora": dict(
         memory=_MLP,
         bias=dict(kind="l2"),
-        retention=dict(kind="kl", c=32.0, alpha="gate"),
+        retention=dict(kind="kl", c=1.0, alpha="gate"),
         learner=dict(kind="gd", lr="gate(v)"),
         parallel=64,
         readout="chunk",

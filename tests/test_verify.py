@@ -97,17 +97,8 @@ def test_verify_bad_spec_exit_2(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def _memora_rows_summing_to_one():
-    """memora as bundled but with rows summing to c = 1 (the bundled spec's rows sum to 32)."""
-    path = SPECS / "memora.miras"
-    text = path.read_text(encoding="utf-8")
-    assert "kl(c=32," in text
-    compiled = compiler.compile_text(text.replace("kl(c=32,", "kl(c=1,"), str(path))
-    return compiler.load_source(compiled.source, compiled.spec.name)
-
-
 def _near_uniform_rows(mod, monkeypatch):
-    """memora with rows summing to 1 drawn near uniform, c·softmax(0.5·N(0, 1)): the default's draws with a sixth
+    """memora with its initial rows drawn near uniform, c·softmax(0.5·N(0, 1)): the default's draws with a sixth
     of its logits (docs/training.md). The LayerNorm after two such layers multiplies float32 rounding by ~2700."""
     init = mod.init_state
 
@@ -122,13 +113,13 @@ def _near_uniform_rows(mod, monkeypatch):
 
 
 def test_a_design_that_amplifies_float32_rounding_is_judged_by_its_own_recurrence(capsys, monkeypatch):
-    """memora (rows summing to 1) with near-uniform initial rows: its float32 recurrence is ~6e-4 off float64 in ∂q
-    (the design's rounding, whatever the algorithm); its chunked float32 row passes against max(tolerance, 2 × that
-    error), per quantity, and the recurrence row is information, not a check. The bundled memora is inside the
-    plain tolerance, as every bundled spec is."""
+    """memora with near-uniform initial rows: its float32 recurrence is ~6e-4 off float64 in ∂q (the design's
+    rounding, whatever the algorithm); its chunked float32 row passes against max(tolerance, 2 × that error), per
+    quantity, and the recurrence row is information, not a check. With its default rows memora is inside the plain
+    tolerance, as every bundled spec is."""
     default = verify.verify(_module("memora"), dtypes=("float32",), backends=("torch",))
     assert max(next(r for r in default if r.info).errors.values()) < verify.TOLERANCE["float32"]
-    rows = verify.verify(_near_uniform_rows(_memora_rows_summing_to_one(), monkeypatch), backends=("torch",))
+    rows = verify.verify(_near_uniform_rows(_module("memora"), monkeypatch), backends=("torch",))
     own = next(r for r in rows if r.info)
     assert (own.algorithm, own.backend, own.dtype) == ("recurrent", "torch", "float32")
     assert max(own.errors.values()) > verify.TOLERANCE["float32"]  # the reason for the rule
@@ -146,9 +137,8 @@ def test_a_design_that_amplifies_float32_rounding_is_judged_by_its_own_recurrenc
 @pytest.mark.parametrize("broken", ["output", "gradient of k"])
 def test_the_widened_float32_bound_still_fails_a_broken_path(broken, monkeypatch):
     """The widened bound is 2 × the float32 recurrence's error, not more: a 1e-3 error in the chunked output or ∂k
-    of memora (rows summing to 1) with near-uniform initial rows (over 2 × its recurrence's 7e-6 and 1.8e-4) still
-    fails."""
-    mod = _near_uniform_rows(_memora_rows_summing_to_one(), monkeypatch)
+    of memora with near-uniform initial rows (over 2 × its recurrence's 7e-6 and 1.8e-4) still fails."""
+    mod = _near_uniform_rows(_module("memora"), monkeypatch)
     monkeypatch.setattr(mod, "apply", _broken_apply(mod.apply, broken))
     rows = verify.verify(mod, dtypes=("float32",), backends=("torch",))
     bad = next(r for r in rows if r.algorithm == "chunked")
