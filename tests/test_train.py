@@ -312,3 +312,17 @@ def test_checkpoint_keeps_the_layer_options_it_was_built_with(tmp_path, capsys):
     assert "--layer-options '{\"v_norm\": \"rms\"}' continues the checkpoint's model" in err
     assert main(["train", SPEC, "--steps", "2", "--warmup", "0", "--resume", "--out-dir", str(run_dir),
                  "--layer-options", '{"v_norm": "rms"}'] + tiny) == 0
+
+
+def test_the_run_is_named_after_the_model_not_a_comment():
+    """The default run directory takes the spec's model name as the parser reads it, for every bundled spec; a
+    comment that says "the model does ..." above the model line does not name it."""
+    from mirasc.compiler import compile_text
+
+    specs = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.miras"))
+    assert specs
+    for path in specs:
+        text = path.read_text(encoding="utf-8")
+        assert mtrain.spec_name(text) == compile_text(text, str(path)).spec.name, path.name
+    text = "# the model does not read past one chunk\nmodel memora { memory = linear; bias = dot }\n"
+    assert mtrain.spec_name(text) == "memora"

@@ -121,7 +121,9 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def spec_name(text: str) -> str:
-    m = re.search(r"\bmodel\s+([A-Za-z_]\w*)", text)
+    """The model's name in a spec's text (the run directory's default name), its comments skipped: a comment may
+    say "the model does ..." before the `model NAME {` line."""
+    m = re.search(r"\bmodel\s+([A-Za-z_]\w*)\s*\{", re.sub(r"#[^\n]*", "", text))
     return m.group(1) if m else "model"
 
 
