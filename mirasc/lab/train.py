@@ -36,7 +36,6 @@ import json
 import math
 import os
 import random
-import re
 import sys
 import time
 from dataclasses import asdict
@@ -121,10 +120,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def spec_name(text: str) -> str:
-    """The model's name in a spec's text (the run directory's default name), its comments skipped: a comment may
-    say "the model does ..." before the `model NAME {` line."""
-    m = re.search(r"\bmodel\s+([A-Za-z_]\w*)\s*\{", re.sub(r"#[^\n]*", "", text))
-    return m.group(1) if m else "model"
+    """The model's name in a spec's text (the run directory's default name), as the parser reads it (a comment
+    that says "the model does ..." does not name it)."""
+    from ..language.frontend import parse_text
+
+    return parse_text(text).name
 
 
 def _spec_text(spec: str) -> str:
