@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..language.frontend import parse_text, read_spec
 from . import trainloop
 from .distributed import Dist, wrap
 from .train_config import (  # noqa: F401  (re-exported: mirasc.lab.train is the training API)
@@ -122,19 +123,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 def spec_name(text: str) -> str:
     """The model's name in a spec's text (the run directory's default name), as the parser reads it (a comment
     that says "the model does ..." does not name it)."""
-    from ..language.frontend import parse_text
-
     return parse_text(text).name
-
-
-def _spec_text(spec: str) -> str:
-    """The spec's text: read from the file when `spec` names one, else `spec` itself."""
-    if "\n" not in spec and "{" not in spec:
-        p = Path(spec)
-        if not p.is_file():
-            raise FileNotFoundError(f"{spec}: no such spec file")
-        return p.read_text()
-    return spec
 
 
 def _full_state(model, optimizer, env: Dist, cfg: TrainConfig):
@@ -340,7 +329,7 @@ def train(spec: str, config: TrainConfig | None = None, *, config_file: str | No
 
     cfg = config_from(config, config_file, overrides)
     mirasc.compile_spec(spec)   # errors located in the spec file (SpecError); cached for build() below
-    text = _spec_text(spec)
+    text = read_spec(spec)[0]
     name = spec_name(text)
     out_dir = Path(cfg.out_dir or f"runs/{name}")
     ckpt_path = out_dir / CHECKPOINT
