@@ -6,7 +6,8 @@ What is derived here:
   * for `implicit`, the proximal step: e* solves e* + c·ℓ'(e*) = e with c = η‖k‖², and the
     update uses ℓ'(e*) (the gradient of the Moreau envelope), per Piecewise branch;
   * each activation and its derivative;
-  * the retention maps: elastic's soft threshold, Bregman's φ' and (φ')⁻¹ by symbolic inversion.
+  * the retention maps: the retention's entrywise map of its accumulator (language/retention.py), Bregman's φ'
+    and (φ')⁻¹ by symbolic inversion.
 The chain rule through the memory (matmuls, LayerNorm, residual) is assembled as a graph in ir.py.
 No blind simplify(): only diff, targeted solve and cse at print time.
 """
@@ -51,7 +52,7 @@ class Derivation:
     dloss: sp.Expr | None = None         # dℓ/dy per coordinate, in e, v, enorm, delta, c
     act: sp.Expr | None = None
     act_grad: sp.Expr | None = None
-    elastic: sp.Expr | None = None       # W = shrink(A)
+    entrywise: sp.Expr | None = None     # W = R(A) entry by entry (elastic's shrink): the retention's map
     phi: sp.Expr | None = None
     phi_prime: sp.Expr | None = None     # u = φ'(w)
     phi_prime_inv: sp.Expr | None = None  # w = (φ')⁻¹(u)
@@ -199,11 +200,9 @@ def _derive_memory(spec: S.Spec, d: Derivation) -> None:
 # ------------------------------------------------------------------------------- retention
 def _derive_retention(spec: S.Spec, d: Derivation) -> None:
     r = spec.retention
+    d.entrywise = r.entrywise()
     if r.kind == "kl":
         d.positive_domain = True
-    elif r.kind == "elastic":
-        lam = sp.Float(r.lam)
-        d.elastic = sp.sign(a) * sp.Max(sp.Abs(a) - lam, 0)
     elif r.kind == "bregman":
         _derive_bregman(r.phi.subs(sp.Symbol("w", real=True), w), d)
 

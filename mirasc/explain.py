@@ -252,9 +252,9 @@ def _retention_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
         softmax_arg = _scaled(r.alpha, "α", "log W_{t−1}")
         out.append(f"retention:  W_t = c·softmax({softmax_arg} + U_t), c = {S.format_value(r.c)}"
                    "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))")
-    elif r.kind == "elastic":
+    elif d.entrywise is not None:  # an entrywise map of the accumulator (elastic's shrink)
         out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  "
-                   f"W_t = {_show(d.elastic, latex)} at a = A_t")
+                   f"W_t = {_show(d.entrywise, latex)} at a = A_t")
     elif r.kind == "bregman":
         out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
         out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")

@@ -197,7 +197,7 @@ def chunk_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
             return None, ("muon with parallel=exact takes each token's gradient at the state the previous token "
                           "left, and Newton–Schulz is not linear, so no chunked form exists; parallel=minibatch(C) "
                           "has one (Atlas §5.1)")
-        if r.kind not in ("none", "decay") or channel_decay:
+        if not r.linear or channel_decay:
             return None, (f"muon's chunk form unrolls W_t = α_t W_{{t−1}} − η_t NS(S_t) with α per head; "
                           f"`retention = {r.kind}`{' with channel-wise α/θ' if channel_decay else ''} has no such "
                           "unrolling here")
@@ -211,9 +211,9 @@ def chunk_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
         return None, (f"with parallel=exact, each token's gradient sums the Omega window's {spec.window} tokens at "
                       "the state the previous token left; no exact chunked form is derived for that (the delta "
                       "chunk form is one token per step); parallel=minibatch(C) has one (Atlas §3.3)")
-    if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.kind in ("none", "decay"):
+    if m.kind == "linear" and b.kind == "l2" and l.kind in ("gd", "implicit") and r.linear:
         return "delta", ""
-    if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.kind in ("none", "decay"):
+    if m.kind == "linear" and b.kind == "l2" and l.kind == "momentum" and r.linear:
         if any(channels.values()):
             return None, ("the momentum delta rule's chunk form carries W and S as one state [W, S] whose per-token "
                           "transition mixes them through scalar 2x2 factors (α, θ); a channel-wise gate makes "
@@ -282,7 +282,7 @@ def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
     same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ run on the recurrent kernel
     only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or r.kind not in ("none", "decay"):
+    if m.kind != "linear" or not r.linear:
         return None
     if spec.window > 1 and not (l.kind == "gd" and (b.kind == "dot" or spec.parallel.kind == "minibatch")
                                 and not spec.channel_gates):
@@ -322,7 +322,7 @@ def minibatch_reason(spec: S.Spec) -> str | None:
         return "the spec is not parallel=minibatch(C)"
     if spec.parallel.readout == "chunk":
         return f"readout=chunk (docs/semantics.md: chunk readouts) with {r.kind} retention has no mini-batch kernel yet"
-    if r.kind not in ("none", "decay"):
+    if not r.linear:
         return (f"{r.kind} retention reads the memory through a nonlinear map of its accumulator, so the "
                 "per-token weights of a chunk are not a sum of rank-1 matmuls")
     if l.kind not in ("gd", "momentum"):

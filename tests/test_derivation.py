@@ -204,7 +204,7 @@ def test_bregman_rejections_are_derivation_errors():
 def test_elastic_soft_threshold():
     d = derive(retention="elastic(lam=0.1, alpha=gate)")
     a = torch.tensor([-1.0, -0.1, -0.05, 0.0, 0.05, 0.3], dtype=torch.float64)
-    out = torch_eval(d.elastic, {D.a: a})
+    out = torch_eval(d.entrywise, {D.a: a})
     assert torch.allclose(out, torch.sign(a) * torch.clamp_min(a.abs() - 0.1, 0), atol=1e-15)
 
 
@@ -255,7 +255,7 @@ PRINTED = {
     "entropy-inv": derive(retention="bregman(phi=w*log(w))").phi_prime_inv,
     "cosh-inv": derive(retention="bregman(phi=cosh(w))").phi_prime_inv,
     "quartic-inv": derive(retention="bregman(phi=w^4/4)").phi_prime_inv,
-    "elastic": derive(retention="elastic(lam=0.2)").elastic,
+    "elastic": derive(retention="elastic(lam=0.2)").entrywise,
     "handwritten": sp.Max(D.x, 0.5) * sp.Min(D.x, 2) + sp.sqrt(D.x**2 + 1) ** -1 + relu(D.x) * sigmoid(D.x)
     + apow(D.x, sp.Rational(5, 2)) + spow(D.x, sp.Rational(1, 3)) + sp.pi * D.x**3 / sp.E,
 }

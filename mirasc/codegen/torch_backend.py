@@ -172,8 +172,9 @@ def _elementwise_fn(name: str, arg: str, symbol, expr, doc: str) -> str:
 
 def _elementwise(spec: S.Spec, d: D.Derivation) -> str:
     parts = []
-    if d.elastic is not None:
-        parts.append(_elementwise_fn("_elastic_shrink", "a", D.a, d.elastic, "sign(a)·max(|a| − λ, 0)."))
+    r = spec.retention
+    if d.entrywise is not None:  # the retention's entrywise map of its accumulator
+        parts.append(_elementwise_fn(r.map_name, "a", D.a, d.entrywise, r.map_doc))
     if d.phi_prime is not None:
         parts.append(_elementwise_fn("_phi_prime", "w", D.w, d.phi_prime, "φ'(w), the mirror map."))
         parts.append(_elementwise_fn("_phi_prime_inv", "u", D.u, d.phi_prime_inv,
@@ -202,7 +203,7 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines.append("    W_i is drawn as above and the accumulator is A_i = W_i·‖W_i‖_q^((q-2)/(3-q)),")
         lines.append("    the A whose readout A / ‖A‖_q^(q-2) is W_i (the readout scales as s^(3-q) when A does;")
         lines.append("    a linear memory stays 0).")
-    elif r.kind in ("lq", "elastic"):
+    elif r.keeps_accumulator:
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
     if spec.learner.kind in ("momentum", "muon"):
         lines.append("    Momentum buffers S_i start at 0.")
@@ -221,7 +222,7 @@ def _constants(spec: S.Spec) -> dict[str, float]:
     per_head = spec.per_head()  # filled per head by _per_head_coefficients, then like a gate
     constants = {g: float(v) for g, v in coefs.items() if v not in S.GATE_FORMS and g not in per_head}
     for g, val in S.UNDECLARED.items():
-        if g not in coefs and ((g == "eta") or (g == "alpha" and r.kind in ("decay", "lq", "kl", "elastic"))
+        if g not in coefs and ((g == "eta") or (g == "alpha" and r.gated)
                                or (g == "theta" and l.kind == "momentum")):
             constants[g] = val
     return constants
@@ -282,9 +283,9 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "chunk_readout": chunk_readout,
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
-        "token_readout": r.kind in ("lq", "kl", "elastic", "bregman") and not chunk_readout,
+        "token_readout": r.mapped and not chunk_readout,
         "kl_log": r.kind == "kl" and not chunk_readout,
-        "carry_Y": r.kind in ("lq", "kl", "elastic", "bregman") and not (chunk_readout and r.kind == "kl"),
+        "carry_Y": r.mapped and not (chunk_readout and r.kind == "kl"),
         "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
@@ -296,11 +297,12 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "implicit": l.kind == "implicit",
         "add_update": r.kind == "none" or (r.kind == "decay" and r.order == "pre"),
         "decay_post": r.kind == "decay" and r.order == "post",
-        "alpha_acc": r.kind in ("lq", "kl", "elastic"),
-        "has_alpha": r.kind in ("decay", "lq", "kl", "elastic"),
-        "lq": r.kind == "lq", "kl": r.kind == "kl", "elastic": r.kind == "elastic", "bregman": r.kind == "bregman",
-        "acc_A": r.kind in ("lq", "elastic"),
-        "readout": r.kind in ("lq", "kl", "elastic", "bregman"),
+        "alpha_acc": r.mapped and r.gated,
+        "has_alpha": r.gated,
+        "lq": r.kind == "lq", "kl": r.kind == "kl", "bregman": r.kind == "bregman",
+        "entrywise": d.entrywise is not None,
+        "acc_A": r.keeps_accumulator,
+        "readout": r.mapped,
         "layernorm": m.kind == "mlp" and m.norm == "layernorm",
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
@@ -325,7 +327,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "multistep": spec.steps > 1,
         "precond": False, "precond_atk": False,  # (set by emit for a precond learner's public op)
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
-                           and l.kind != "momentum" and r.kind in ("none", "decay")),
+                           and l.kind != "momentum" and r.linear),
     }
 
 
@@ -351,6 +353,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
         "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
         "ELEMENTWISE": _elementwise(spec, d),
+        "ENTRYWISE": r.map_name,
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
         "INIT_DOC": _init_doc(spec, d),
         "SHAPES": _weight_shapes(spec),

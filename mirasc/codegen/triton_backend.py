@@ -106,7 +106,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
     v_reason = v_tile_reason(spec, forward, grad)
     subs = {
         "KERNEL": kernel, "COEF_ORDER": repr(tuple(coef_order)), "VECTOR_COEFS": repr(vector_coefficients(spec)),
-        "STORE_ACC": repr(spec.retention.kind in ("lq", "elastic")), "MOMENTUM": repr(spec.learner.kind == "momentum"),
+        "STORE_ACC": repr(spec.retention.keeps_accumulator), "MOMENTUM": repr(spec.learner.kind == "momentum"),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "BWD_STATE": repr(tuple(bwd_state)), "BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
         "BWD_SEGMENT": str(BWD_SEGMENT), "FACTOR_BLOCK": str(batched_factors(spec)),

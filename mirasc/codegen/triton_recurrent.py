@@ -13,6 +13,7 @@ import re
 
 import sympy as sp
 
+from .. import derive as D
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
@@ -114,7 +115,7 @@ def load_state(spec: S.Spec, d: Derivation, i: int, anchor: bool) -> list[str]:
     rows_, cols = wdims[i]
     lines = [f"mask{i} = m{rows_}[:, None] & m{cols}[None, :]",
              f"w{i} = tl.load({state_tile(wdims, f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)"]
-    if r.kind in ("lq", "elastic"):
+    if r.keeps_accumulator:
         lines.append(f"y{i} = tl.load({state_tile(wdims, f'Y{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
     elif r.kind == "kl":
         lines.append(f"y{i} = tl.where(mask{i}, tl.log(tl.where(mask{i}, w{i}, 1.0) / {float(r.c)!r}), 0.0)")
@@ -246,7 +247,7 @@ def forward_reads_state_as_anchor(spec: S.Spec) -> bool:
 
 def readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
     """w<i> from the accumulator y<i>: lq's whole-matrix normalisation, kl's row softmax, or an elementwise
-    map (elastic shrink, Bregman (φ')⁻¹)."""
+    map (the retention's entrywise one, e.g. elastic's shrink; Bregman's (φ')⁻¹)."""
     r = spec.retention
     y, w = f"y{i}", f"w{i}"
     if r.kind == "lq":
@@ -258,18 +259,15 @@ def readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
         return [f"ym{i} = tl.where(mask{i}, {y}, -float('inf'))",
                 f"ex{i} = tl.exp(ym{i} - tl.max(ym{i}, axis=1)[:, None])",
                 f"{w} = tl.where(mask{i}, {float(r.c)!r} * ex{i} / tl.sum(ex{i}, axis=1)[:, None], 0.0)"]
-    expr, sym = (d.elastic, sp.Symbol("a", real=True)) if r.kind == "elastic" else (d.phi_prime_inv,
-                                                                                    sp.Symbol("u", real=True))
+    expr, sym = (d.entrywise, D.a) if d.entrywise is not None else (d.phi_prime_inv, D.u)
     return print_triton_block({w: expr}, {sym: y}, prefix=f"_{w}_") + [f"{w} = tl.where(mask{i}, {w}, 0.0)"]
 
 
 def readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
-    """R'(y) of an elementwise readout w = R(y) (elastic shrink, Bregman (φ')⁻¹)."""
-    if spec.retention.kind == "elastic":
-        sym = sp.Symbol("a", real=True)
-        return ir._clean_derivative(sp.diff(d.elastic, sym)), sym
-    sym = sp.Symbol("u", real=True)
-    return ir._clean_derivative(sp.diff(d.phi_prime_inv, sym)), sym
+    """R'(y) of an elementwise readout w = R(y) (the retention's entrywise map, Bregman's (φ')⁻¹)."""
+    if d.entrywise is not None:
+        return ir._clean_derivative(sp.diff(d.entrywise, D.a)), D.a
+    return ir._clean_derivative(sp.diff(d.phi_prime_inv, D.u)), D.u
 
 
 # ---- bookkeeping
@@ -279,7 +277,7 @@ def live_tiles(spec: S.Spec, backward: bool) -> int:
     state (weights; accumulator or log-space/φ' image; momentum; mini-batch anchor) and the step's temporaries
     (gradient, update); the backward also carries their cotangents and the state before the token."""
     r, mb = spec.retention, spec.parallel.kind == "minibatch"
-    state = 1 + (r.kind in ("lq", "elastic", "kl", "bregman")) + (spec.learner.kind == "momentum") + mb
+    state = 1 + r.mapped + (spec.learner.kind == "momentum") + mb
     if not backward:
         return state + 2 - forward_reads_state_as_anchor(spec)
     return 3 * state + 4

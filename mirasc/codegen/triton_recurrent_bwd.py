@@ -57,8 +57,8 @@ class _Backward:
         r, l = spec.retention, spec.learner
         self.spec, self.d, self.r, self.coef_order, self.seg = spec, d, r, coef_order, seg
         self.mom, self.mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
-        self.readout = r.kind in ("elastic", "bregman", "lq", "kl")
-        self.store_acc = r.kind in ("elastic", "lq")
+        self.readout = r.mapped
+        self.store_acc = r.keeps_accumulator
         self.write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
         self.wdims = spec.weight_dims()
         self.n_w = len(self.wdims)
@@ -237,7 +237,7 @@ class _Backward:
                 lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
             if self.readout:
                 lines.append(f"y_prev{i} = y{i}")
-                lines.append(f"y{i} = y{i} + upd{i}" if r.kind == "bregman" else f"y{i} = c_alpha * y{i} + upd{i}")
+                lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.gated else f"y{i} = y{i} + upd{i}")
                 lines += readout(self.spec, self.d, i, TritonPrinter())
             elif r.kind == "decay" and r.order == "post":
                 lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
@@ -283,7 +283,7 @@ class _Backward:
         if self.readout:
             lines = self.reverse_readout(i)
             lines += [f"dupd{i} = dyv{i}", f"dw_dec{i} = tl.zeros_like(dw{i})"]
-            if r.kind != "bregman":
+            if r.gated:
                 return lines + [self.dcoef("alpha", f"dyv{i} * y_prev{i}"), f"dy{i} = c_alpha * dyv{i}"]
             return lines + [f"dy{i} = dyv{i}"]
         if r.kind == "decay" and r.order == "post":

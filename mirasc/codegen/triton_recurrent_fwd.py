@@ -53,7 +53,7 @@ def _signature(spec: S.Spec, coef_order: list[str]) -> str:
         ptrs += ["KW", "VW", "CW", "NW"]
     for i in range(len(spec.weight_dims())):
         ptrs += [f"W{i}_in", f"W{i}_out"]
-        if spec.retention.kind in ("lq", "elastic"):
+        if spec.retention.keeps_accumulator:
             ptrs += [f"Y{i}_in", f"Y{i}_out"]
         if spec.learner.kind == "momentum":
             ptrs += [f"S{i}_in", f"S{i}_out"]
@@ -110,7 +110,7 @@ def _update(spec: S.Spec, d: Derivation, i: int, delta: str | None, inp: str | N
     elif r.kind == "decay":
         lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
     else:
-        lines.append(f"y{i} = {'y' + str(i) if r.kind == 'bregman' else 'c_alpha * y' + str(i)} + upd{i}")
+        lines.append(f"y{i} = {'c_alpha * y' + str(i) if r.gated else 'y' + str(i)} + upd{i}")
         lines += readout(spec, d, i, TritonPrinter())
     return lines
 
@@ -120,7 +120,7 @@ def _store_final_state(spec: S.Spec) -> list[str]:
     lines = []
     for i in range(len(wdims)):
         lines.append(f"tl.store({state_tile(wdims, f'W{i}_out', i)}, w{i}, mask=mask{i})")
-        if spec.retention.kind in ("lq", "elastic"):
+        if spec.retention.keeps_accumulator:
             lines.append(f"tl.store({state_tile(wdims, f'Y{i}_out', i)}, y{i}, mask=mask{i})")
         if spec.learner.kind == "momentum":
             lines.append(f"tl.store({state_tile(wdims, f'S{i}_out', i)}, s{i}, mask=mask{i})")

@@ -55,7 +55,7 @@ def _check_nonparametric(spec: Spec) -> None:
     if b.kind != "l2":
         raise Rejection("bias", "the Nadaraya-Watson estimator is the nonparametric solution of the l2 bias; "
                         "write `bias = l2`")
-    if r.kind not in ("none", "decay"):
+    if not r.linear:
         raise Rejection("retention", f"`{r.kind}` acts on weights, and a nonparametric memory has none: it keeps "
                         "every pair; the retention defined on stored pairs is `decay` (each pair's weight times "
                         "α_t at every step: the Forgetting Transformer), or write `retention = none`")
@@ -106,7 +106,7 @@ def _check_implicit(spec: Spec) -> None:
         raise Rejection("learner", f"`implicit` has no closed-form proximal step for `bias = {b.kind}"
                         f"{'(mode=mixture)' if b.kind == 'huber' else ''}`; accepted biases: dot, l2, "
                         "huber (coordinate mode)")
-    if r.kind not in ("none", "decay"):
+    if not r.linear:
         raise Rejection("learner", f"`implicit` is defined with retention none or decay, not `{r.kind}` "
                         "(the proximal step would need the retention's own geometry)")
     if par.kind != "exact":
@@ -125,7 +125,7 @@ def _check_pre_decay(spec: Spec) -> None:
 def _check_chunk_readout(spec: Spec) -> None:
     r, par = spec.retention, spec.parallel
     if par.kind == "minibatch" and par.readout == "chunk" and r.kind not in ("lq", "kl"):
-        why = ("its weights are already linear in the updates" if r.kind in ("none", "decay")
+        why = ("its weights are already linear in the updates" if r.linear
                else "no chunk form is defined for it")
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
                         f"at chunk boundaries only; `retention = {r.kind}` has no such map to defer ({why}): "
@@ -202,7 +202,7 @@ def _check_generalized_delta(spec: Spec) -> None:
     if l.kind != "gd":
         raise Rejection("learner", f"`l2({param}=kappa)` is defined with `gd` (the step is the transition itself); "
                         f"`{l.kind}` with separate erase and write keys is not defined here: use `learner = gd`")
-    if r.kind not in ("none", "decay"):
+    if not r.linear:
         raise Rejection("retention", f"`l2({param}=kappa)` is the transition W(diag(w) − a bᵀ) + v kᵀ, whose "
                         f"diagonal part is a decay; `retention = {r.kind}` has a nonlinear readout that takes the "
                         "state out of that form: use none or decay")
@@ -273,7 +273,7 @@ def _check_composite(spec: Spec) -> None:
     if b.kind != "dot":
         raise Rejection("memory", f"`normalize=true` with `bias = {b.kind}`: {why} (`bias = dot`), not for a loss that "
                         "reads the memory; drop normalize, or use bias dot", param="normalize")
-    if r.kind not in ("none", "decay"):
+    if not r.linear:
         raise Rejection("memory", f"`normalize=true` with `retention = {r.kind}`: {why} and a linear retention "
                         "(none or decay); this one mixes the normaliser with the values", param="normalize")
     if l.kind != "gd":

@@ -12,26 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-GATE = "gate"
-GATE_K, GATE_V = "gate(k)", "gate(v)"
-GATE_FORMS = (GATE, GATE_K, GATE_V)
-# The symbols a per-head constant may use: the head's index h = 0..H-1 and the number of heads H.
-HEAD_SYMBOLS = ("h", "H")
-
-
-class PerHead(BaseModel):
-    """A coefficient that is constant over tokens but differs per head: an expression in the head index h
-    (0-based) and the number of heads H, e.g. RetNet's γ_h = 1 − 2^(−5−h) (docs/language.md, "Per-head
-    constants"). The op evaluates it for the H of its inputs and fills the coefficient with it."""
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-    expr: Any  # a sympy expression in h, H
-
-
-Coef = Literal["gate", "gate(k)", "gate(v)"] | float | PerHead
-"""A coefficient: `gate` (a per-token input [B, T, H] of the op), `gate(k)` / `gate(v)` (a per-token vector
-over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: docs/semantics.md, channel-wise gates), a constant
-number, or a per-head constant (`PerHead`: an expression in the head index h and the head count H)."""
+# (the spec's names for the forms' base and the retentions, which live in their own modules)
+from mirasc.language.form import GATE, GATE_FORMS, GATE_K, GATE_V, HEAD_SYMBOLS, Coef, Form, PerHead  # noqa: F401
+from mirasc.language.retention import KL, RETENTIONS, Bregman, Decay, Elastic, Lq, NoRetention  # noqa: F401
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma", "nu": "nu",
@@ -52,10 +35,6 @@ COEF_RANGE = {
 }
 # Value a coefficient takes when the spec does not declare it.
 UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
-
-
-class Form(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
 
 # ----------------------------------------------------------------------------------- memory
@@ -161,40 +140,6 @@ class Custom(Form):
     gamma: Coef = 1.0
 
 
-# -------------------------------------------------------------------------------- retention
-class NoRetention(Form):
-    kind: Literal["none"] = "none"
-
-
-class Decay(Form):
-    kind: Literal["decay"] = "decay"
-    alpha: Coef = GATE
-    order: Literal["post", "pre"] = "post"
-
-
-class Lq(Form):
-    kind: Literal["lq"] = "lq"
-    q: Annotated[float, Field(gt=1, le=64)]
-    alpha: Coef = GATE
-
-
-class KL(Form):
-    kind: Literal["kl"] = "kl"
-    c: Annotated[float, Field(gt=0)] = 1.0
-    alpha: Coef = GATE
-
-
-class Elastic(Form):
-    kind: Literal["elastic"] = "elastic"
-    lam: Annotated[float, Field(ge=0)]
-    alpha: Coef = GATE
-
-
-class Bregman(Form):
-    kind: Literal["bregman"] = "bregman"
-    phi: Any  # a sympy expression in the symbol `w`
-
-
 # ---------------------------------------------------------------------------------- learner
 # Inner gradient steps per token (a multi-step learner, Gated DeltaProduct): the token's n (key, value) pairs are
 # taken one after another, each step at the state the previous one left (docs/semantics.md, "Multi-step learners").
@@ -275,7 +220,7 @@ class Minibatch(Form):
 VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
     "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
-    "retention": {"none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman},
+    "retention": RETENTIONS,
     "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon, "precond": Precond,
                 "nonparametric": NonparametricLearner},
     "parallel": {"exact": Exact, "minibatch": Minibatch},

@@ -1,0 +1,93 @@
+"""The retentions of the language, one class each (docs/semantics.md, step 4 "Retention"): the parameters a spec
+gives it, and the facts about it that decide how the rest of the compiler computes it. A new retention is one class
+here, registered in RETENTIONS; the derivation, the code generators and the plan read these facts, not its name.
+
+Every retention turns the learner's update U_t into the next weights. The facts:
+- `gated`: a retention factor α_t scales the state (decay) or the accumulator (lq, kl, elastic) at each token;
+  α is a gate unless the spec makes it a number or a per-head constant (undeclared: 1).
+- `linear`: W_t is linear in W_{t−1} and U_t (none, decay). Only these have chunked forms, nonparametric memories,
+  the implicit step and the generalized delta transition.
+- `mapped`: the weights are a nonlinear map of an accumulator, W_t = R(Y_t), with Y_t = α_t Y_{t−1} + U_t (lq, kl,
+  elastic; Bregman's Y_t = φ'(W_{t−1}) + U_t without α).
+- `keeps_accumulator`: Y is carried in the state beside W (A_<name>), because R cannot be inverted (lq's
+  normalisation, elastic's flat region); kl and Bregman recompute Y from W (log(W/c), φ'(W)).
+- `entrywise()`: R as a SymPy expression in one accumulator entry `a`, where R acts on each entry alone
+  (elastic); the torch and Triton paths print it, and its derivative, from this one expression.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import sympy as sp
+from pydantic import Field
+
+from mirasc.language.form import GATE, Coef, Form
+
+ACCUMULATOR_ENTRY = sp.Symbol("a", real=True)  # an entry of the accumulator A, the argument of an entrywise map
+
+
+class Retention(Form):
+    gated: ClassVar[bool] = True
+    linear: ClassVar[bool] = False
+    mapped: ClassVar[bool] = True
+    keeps_accumulator: ClassVar[bool] = False
+    map_name: ClassVar[str] = ""   # the emitted function that applies an entrywise map R to an accumulator
+    map_doc: ClassVar[str] = ""    # R in words, its docstring
+
+    def entrywise(self) -> sp.Expr | None:
+        """R(a) for a map that acts on each accumulator entry alone; None for any other retention."""
+        return None
+
+
+class NoRetention(Retention):
+    kind: Literal["none"] = "none"
+    gated: ClassVar[bool] = False
+    linear: ClassVar[bool] = True
+    mapped: ClassVar[bool] = False
+
+
+class Decay(Retention):
+    kind: Literal["decay"] = "decay"
+    alpha: Coef = GATE
+    order: Literal["post", "pre"] = "post"
+    linear: ClassVar[bool] = True
+    mapped: ClassVar[bool] = False
+
+
+class Lq(Retention):
+    kind: Literal["lq"] = "lq"
+    q: Annotated[float, Field(gt=1, le=64)]
+    alpha: Coef = GATE
+    keeps_accumulator: ClassVar[bool] = True
+
+
+class KL(Retention):
+    kind: Literal["kl"] = "kl"
+    c: Annotated[float, Field(gt=0)] = 1.0
+    alpha: Coef = GATE
+
+
+class Elastic(Retention):
+    """W = sign(A)·max(|A| − λ, 0): the soft threshold, the proximal map of λ‖W‖₁ added to ½‖W‖²."""
+
+    kind: Literal["elastic"] = "elastic"
+    lam: Annotated[float, Field(ge=0)]
+    alpha: Coef = GATE
+    keeps_accumulator: ClassVar[bool] = True
+    map_name: ClassVar[str] = "_elastic_shrink"
+    map_doc: ClassVar[str] = "sign(a)·max(|a| − λ, 0)."
+
+    def entrywise(self) -> sp.Expr:
+        a = ACCUMULATOR_ENTRY
+        return sp.sign(a) * sp.Max(sp.Abs(a) - sp.Float(self.lam), 0)
+
+
+class Bregman(Retention):
+    kind: Literal["bregman"] = "bregman"
+    phi: Any  # a sympy expression in the symbol `w`
+    gated: ClassVar[bool] = False
+
+
+RETENTIONS: dict[str, type[Retention]] = {
+    "none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman}
