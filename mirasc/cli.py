@@ -32,7 +32,7 @@ A .miras spec picks the four Miras design choices (plus the parallel form):
             | nonparametric(kernel=softmax, scale)
   bias      dot | l2 | lp(p, eps=1e-6) | huber(delta=gate, mode=coordinate|mixture) | custom(loss=EXPR in e)
   retention none | decay(alpha=gate, order=post|pre) | lq(q, alpha=gate) | kl(c=1, alpha=gate)
-            | elastic(lam, alpha=gate) | bregman(phi=EXPR in w)
+            | elastic(lam, alpha=gate) | box(radius, alpha=gate) | bregman(phi=EXPR in w)
   learner   gd(lr=gate) | momentum(lr=gate, theta=gate) | implicit(lr=gate) | muon(lr=gate, theta=gate)
             | precond(lr=gate, nu=gate, rho=gate, transform=rms|atk) | nonparametric
   parallel  exact | minibatch(C, readout=token|chunk)

@@ -11,7 +11,8 @@ Config format (one hand-written dict per spec file in ``specs/``)::
                 | dict(kind="mlp", depth, expansion, act, residual, norm),
          bias=dict(kind="dot" | "l2" | "lp"(p, eps) | "huber"(delta, mode) | "custom"(f)),
          retention=dict(kind="none" | "decay"(alpha, order) | "lq"(q, alpha) | "kl"(c, alpha)
-                        | "elastic"(lam, alpha) | "bregman"(phi_prime, phi_prime_inv, positive=False)),
+                        | "elastic"(lam, alpha) | "box"(radius, alpha)
+                        | "bregman"(phi_prime, phi_prime_inv, positive=False)),
          learner=dict(kind="gd"(lr) | "momentum"(lr, theta) | "implicit"(lr) | "precond"(lr, nu, rho, transform, ...)),
          parallel=None | C,
          readout="token" | "chunk",   # optional; "chunk": docs/semantics.md, chunk readouts (lq, kl; minibatch(C))
@@ -380,7 +381,7 @@ def state_keys(cfg) -> list[str]:
     cfg = _get_cfg(cfg)
     names = weight_names(cfg["memory"])
     keys = list(names)
-    if cfg["retention"]["kind"] in ("lq", "elastic"):
+    if cfg["retention"]["kind"] in ("lq", "elastic", "box"):
         keys += [f"A_{n}" for n in names]
     if cfg["learner"]["kind"] in ("momentum", "muon"):
         keys += [f"S_{n}" for n in names]
@@ -543,6 +544,11 @@ def elastic_readout(A: Tensor, lam: float) -> Tensor:
     return torch.sign(A) * torch.clamp(A.abs() - lam, min=0.0)
 
 
+def box_readout(A: Tensor, radius: float) -> Tensor:
+    """argmin over |w| <= r of ½‖W − A‖²: each entry clipped to [−r, r]."""
+    return torch.clamp(A, min=-radius, max=radius)
+
+
 # --------------------------------------------------------------------------------------------------
 # the op
 
@@ -604,7 +610,7 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
                  for j in range(n_steps)]
     T = q.shape[1]
     W = {n: state[n] for n in names}
-    A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic") else None
+    A = {n: state[f"A_{n}"] for n in names} if ret["kind"] in ("lq", "elastic", "box") else None
     S = None
     if lrn["kind"] in ("momentum", "muon"):
         S = {n: state.get(f"S_{n}", torch.zeros_like(W[n])) for n in names}
@@ -719,6 +725,9 @@ def _reference_apply(cfg, q, k, v, gates, state, create_graph=True):
         elif kind == "elastic":
             A = {n: alpha * A[n] + U[n] for n in names}
             W = {n: elastic_readout(A[n], float(ret["lam"])) for n in names}
+        elif kind == "box":
+            A = {n: alpha * A[n] + U[n] for n in names}
+            W = {n: box_readout(A[n], float(ret["radius"])) for n in names}
         elif kind == "kl" and ret.get("alpha") == "gate(k)":
             # docs/semantics.md: channel-wise gates: a decay over key channels scales kl's log-space form, Z_t =
             # Z_{t-1}·diag(α_t) + U_t with
@@ -828,7 +837,7 @@ def make_state(cfg_or_spec_name, B: int, H: int, Dk: int, Dv: int, dtype=torch.f
         else:
             w = z / math.sqrt(cols)
         state[n] = w
-    if ret["kind"] in ("lq", "elastic"):
+    if ret["kind"] in ("lq", "elastic", "box"):
         state.update({f"A_{n}": state[n].clone() for n in shapes})
     if cfg["learner"]["kind"] in ("momentum", "muon"):
         state.update({f"S_{n}": torch.zeros_like(state[n]) for n in shapes})

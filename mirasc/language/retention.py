@@ -3,28 +3,37 @@ gives it, and the facts about it that decide how the rest of the compiler comput
 here, registered in RETENTIONS; the derivation, the code generators and the plan read these facts, not its name.
 
 Every retention turns the learner's update U_t into the next weights. The facts:
-- `gated`: a retention factor α_t scales the state (decay) or the accumulator (lq, kl, elastic) at each token;
+- `gated`: a retention factor α_t scales the state (decay) or the accumulator (lq, kl, elastic, box) at
+  each token;
   α is a gate unless the spec makes it a number or a per-head constant (undeclared: 1).
 - `linear`: W_t is linear in W_{t−1} and U_t (none, decay). Only these have chunked forms, nonparametric memories,
   the implicit step and the generalized delta transition.
 - `mapped`: the weights are a nonlinear map of an accumulator, W_t = R(Y_t), with Y_t = α_t Y_{t−1} + U_t (lq, kl,
-  elastic; Bregman's Y_t = φ'(W_{t−1}) + U_t without α).
+  elastic, box; Bregman's Y_t = φ'(W_{t−1}) + U_t without α).
 - `keeps_accumulator`: Y is carried in the state beside W (A_<name>), because R cannot be inverted (lq's
-  normalisation, elastic's flat region); kl and Bregman recompute Y from W (log(W/c), φ'(W)).
+  normalisation, the flat regions of elastic and box); kl and Bregman recompute Y from W (log(W/c), φ'(W)).
 - `entrywise()`: R as a SymPy expression in one accumulator entry `a`, where R acts on each entry alone
-  (elastic); the torch and Triton paths print it, and its derivative, from this one expression.
+  (elastic, box); the torch and Triton paths print it, and its derivative, from this one expression.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
-import sympy as sp
 from pydantic import Field
 
 from mirasc.language.form import GATE, Coef, Form
 
-ACCUMULATOR_ENTRY = sp.Symbol("a", real=True)  # an entry of the accumulator A, the argument of an entrywise map
+if TYPE_CHECKING:
+    import sympy as sp
+
+
+def accumulator_entry() -> sp.Symbol:
+    """An entry a of the accumulator A, the argument of an entrywise map. (SymPy is imported where a map is
+    built, not with the language: `mirasc check` and `--help` run without it.)"""
+    import sympy as sp
+
+    return sp.Symbol("a", real=True)
 
 
 class Retention(Form):
@@ -79,8 +88,28 @@ class Elastic(Retention):
     map_doc: ClassVar[str] = "sign(a)·max(|a| − λ, 0)."
 
     def entrywise(self) -> sp.Expr:
-        a = ACCUMULATOR_ENTRY
+        import sympy as sp
+
+        a = accumulator_entry()
         return sp.sign(a) * sp.Max(sp.Abs(a) - sp.Float(self.lam), 0)
+
+
+class Box(Retention):
+    """W = max(−r, min(A, r)): ½‖W‖² restricted to the box |w| ≤ r (the ℓ∞ ball), whose minimiser is the
+    projection of the accumulator onto it; every weight stays within ±r however many updates pile up."""
+
+    kind: Literal["box"] = "box"
+    radius: Annotated[float, Field(gt=0)]
+    alpha: Coef = GATE
+    keeps_accumulator: ClassVar[bool] = True
+    map_name: ClassVar[str] = "_box_clip"
+    map_doc: ClassVar[str] = "max(−r, min(a, r)), the projection onto the box |w| ≤ r."
+
+    def entrywise(self) -> sp.Expr:
+        import sympy as sp
+
+        r = sp.Float(self.radius)
+        return sp.Max(-r, sp.Min(accumulator_entry(), r))
 
 
 class Bregman(Retention):
@@ -90,4 +119,5 @@ class Bregman(Retention):
 
 
 RETENTIONS: dict[str, type[Retention]] = {
-    "none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "bregman": Bregman}
+    "none": NoRetention, "decay": Decay, "lq": Lq, "kl": KL, "elastic": Elastic, "box": Box, "bregman": Bregman}
+AnyRetention = Union[tuple(RETENTIONS.values())]  # noqa: UP007  (the spec's retention field: any registered one)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # (the spec's names for the forms' base and the retentions, which live in their own modules)
 from mirasc.language.form import GATE, GATE_FORMS, GATE_K, GATE_V, HEAD_SYMBOLS, Coef, Form, PerHead  # noqa: F401
-from mirasc.language.retention import KL, RETENTIONS, Bregman, Decay, Elastic, Lq, NoRetention  # noqa: F401
+from mirasc.language.retention import RETENTIONS, AnyRetention, Decay, NoRetention  # noqa: F401
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
 GATE_OF_PARAM = {"lr": "eta", "alpha": "alpha", "theta": "theta", "delta": "delta", "gamma": "gamma", "nu": "nu",
@@ -309,7 +309,7 @@ class Spec(BaseModel):
     name: str
     memory: Linear | MLP | Nonparametric
     bias: Dot | L2 | Lp | Huber | Custom
-    retention: NoRetention | Decay | Lq | KL | Elastic | Bregman
+    retention: AnyRetention
     learner: GD | Momentum | Muon | Implicit | Precond | NonparametricLearner
     parallel: Exact | Minibatch
     layer: LayerOptions = LayerOptions()
