@@ -20,19 +20,19 @@ from dataclasses import dataclass
 import sympy as sp
 
 from .language import spec as S
+from .language.bias import symbols as bias_symbols
 from .language.messages import brief, describe_value, plain_failure
-from .language.primitives import apow, relu, sigmoid, spow
+from .language.primitives import relu, sigmoid, spow
+from .language.retention import accumulator_entry
 
 # Symbols shared by the derivation, the IR and the printers.
-e = sp.Symbol("e", real=True)          # residual M(k) - v, one coordinate
-v = sp.Symbol("v", real=True)          # target value, one coordinate
-y = sp.Symbol("y", real=True)          # memory output, one coordinate
-enorm = sp.Symbol("enorm", nonnegative=True)   # ‖e‖₂ of the token's residual
-delta = sp.Symbol("delta", positive=True)      # Huber threshold
+# The residual M(k) − v, the memory's output y and the value v (one coordinate each), ‖e‖₂ of the token's residual
+# and a Huber threshold δ: the symbols every bias writes its loss in (language/bias.py).
+e, y, v, enorm, delta = bias_symbols()
 cprox = sp.Symbol("c", nonnegative=True)       # η‖k‖² in the proximal step
 x = sp.Symbol("x", real=True)          # activation input
 w = sp.Symbol("w", real=True)          # a weight entry (Bregman potential)
-a = sp.Symbol("a", real=True)          # an accumulator entry
+a = accumulator_entry()                # an accumulator entry (language/retention.py: entrywise maps)
 u = sp.Symbol("u", real=True)          # a dual coordinate φ'(w)
 
 
@@ -57,11 +57,6 @@ class Derivation:
     phi_prime: sp.Expr | None = None     # u = φ'(w)
     phi_prime_inv: sp.Expr | None = None  # w = (φ')⁻¹(u)
     positive_domain: bool = False        # weights must stay > 0 (kl, Bregman potentials defined on w > 0)
-
-
-def coef(value, gate_symbol: sp.Symbol) -> sp.Expr:
-    # a per-head constant reaches the update as a coefficient tensor, like a gate
-    return gate_symbol if value in S.GATE_FORMS or isinstance(value, S.PerHead) else sp.Float(value)
 
 
 def derive(spec: S.Spec) -> Derivation:
@@ -92,38 +87,9 @@ def _check_codegen(expr: sp.Expr, field: str, what: str, param: str | None = Non
 
 # ------------------------------------------------------------------------------------ bias
 def _derive_bias(spec: S.Spec, d: Derivation) -> None:
-    b = spec.bias
-    dl = None
-    if b.kind == "dot":
-        d.loss_text = "ℓ = -⟨M(k), v⟩"
-        d.loss = -y * v
-        dl = -v
-    elif b.kind == "l2" and spec.generalized_delta == "erase":
-        # the erase half: ℓ = ½‖M(κ)‖² (regress what κ reads to 0); the write v kᵀ is added by the transition
-        d.loss_text = "erase ℓ = ½‖M(κ)‖², write + v kᵀ (the generalized delta transition)"
-        d.loss = y**2 / 2
-        dl = y
-    elif b.kind == "l2":
-        d.loss_text = ("ℓ = ½‖e‖², e = M(κ) − v read at κ, stepped along k" if spec.generalized_delta == "read"
-                       else "ℓ = ½‖e‖²")
-        d.loss = e**2 / 2
-    elif b.kind == "lp":
-        p, eps = sp.nsimplify(b.p), sp.Float(b.eps) if b.eps else sp.Integer(0)
-        d.loss = apow(e, p) / p if eps == 0 else (e**2 + eps) ** (p / 2) / p
-        d.loss_text = f"ℓ = (1/p) Σᵢ (eᵢ² + eps)^(p/2), p = {S.format_value(b.p)}, eps = {S.format_value(b.eps)}"
-    elif b.kind == "huber":
-        dlt = coef(b.delta, delta)
-        if b.mode == "coordinate":
-            d.loss = sp.Piecewise((e**2 / 2, sp.Abs(e) <= dlt), (dlt * (sp.Abs(e) - dlt / 2), True))
-            d.loss_text = "ℓ = Σᵢ H_δ(eᵢ),  H_δ(a) = ½a² if |a| ≤ δ else δ(|a| − ½δ)"
-        else:
-            d.loss_text = "∇ℓ = ∇½‖e‖² if ‖e‖₂ ≤ δ else δ·∇Σᵢ|eᵢ|   (Yaad's smooth mixture)"
-            dl = sp.Piecewise((e, enorm <= dlt), (dlt * sp.sign(e), True))
-    elif b.kind == "custom":
-        d.loss = b.loss.subs(sp.Symbol("e", real=True), e)
-        d.loss_text = f"ℓ = Σᵢ f(eᵢ),  f(e) = {d.loss}"
-    if dl is None:
-        dl = sp.diff(d.loss, e)
+    loss = spec.bias.inner_loss()  # the bias's own form (language/bias.py)
+    d.loss, d.loss_text = loss.loss, loss.text
+    dl = loss.derivative if loss.derivative is not None else sp.diff(d.loss, e)
     if spec.learner.kind == "implicit":
         dl = _proximal(dl, d)
     _check_printable(dl, "bias", "the loss derivative")

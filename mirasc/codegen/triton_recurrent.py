@@ -60,8 +60,8 @@ def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None
         return "an MLP memory couples every weight (LayerNorm, hidden layer)"
     if r.kind == "lq":
         return "lq retention normalises by the q-norm of the whole matrix"
-    if b.kind == "huber" and b.mode == "mixture":
-        return "huber(mode=mixture) switches on the norm of the whole error vector"
+    if b.reads_error_norm:  # (Yaad's Huber mixture)
+        return f"{b.kind}(mode={b.mode}) switches on the norm of the whole error vector"
     for gr in (forward, grad):  # a reduction over the rows (dimension v) that feeds a computation couples them
         dims = _dims(gr, spec.weight_dims())
         for nid in gr.order():

@@ -29,5 +29,10 @@ over the key / value channels, [B, T, H, Dk] / [B, T, H, Dv]: docs/semantics.md,
 number, or a per-head constant (`PerHead`: an expression in the head index h and the head count H)."""
 
 
+def format_number(v: float) -> str:
+    """A number as a spec writes it: an integral float without its ".0", any other as repr."""
+    return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+
+
 class Form(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)

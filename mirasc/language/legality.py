@@ -102,7 +102,7 @@ def _check_implicit(spec: Spec) -> None:
     if m.kind != "linear":
         raise Rejection("learner", "`implicit` needs a closed-form proximal step, which exists only for "
                         "`memory = linear`; use gd or momentum for an MLP memory")
-    if b.kind not in ("dot", "l2") and not (b.kind == "huber" and b.mode == "coordinate"):
+    if not b.proximal_step:
         raise Rejection("learner", f"`implicit` has no closed-form proximal step for `bias = {b.kind}"
                         f"{'(mode=mixture)' if b.kind == 'huber' else ''}`; accepted biases: dot, l2, "
                         "huber (coordinate mode)")

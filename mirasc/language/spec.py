@@ -12,8 +12,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# (the spec's names for the forms' base and the retentions, which live in their own modules)
-from mirasc.language.form import GATE, GATE_FORMS, GATE_K, GATE_V, HEAD_SYMBOLS, Coef, Form, PerHead  # noqa: F401
+# (the spec's names for the forms' base, the biases and the retentions, which live in their own modules)
+from mirasc.language.bias import BIASES, L2, AnyBias, Custom, Dot, Huber, Lp  # noqa: F401
+from mirasc.language.form import (  # noqa: F401
+    GATE,
+    GATE_FORMS,
+    GATE_K,
+    GATE_V,
+    HEAD_SYMBOLS,
+    Coef,
+    Form,
+    PerHead,
+    format_number,
+)
 from mirasc.language.retention import RETENTIONS, AnyRetention, Decay, NoRetention  # noqa: F401
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
@@ -91,53 +102,6 @@ class Nonparametric(Form):
     # softmax only: an attention sink, a learned logit b_h per head in every read's denominator with no value
     # (GPT-OSS's sinks, FLA's sink_bias): o_t = Σ_s e^{ℓ_ts} v_s / (e^{b_h} + Σ_s e^{ℓ_ts})
     sink: bool = False
-
-
-# ------------------------------------------------------------------------------------- bias
-class Dot(Form):
-    kind: Literal["dot"] = "dot"
-    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
-    window: Annotated[int, Field(ge=1, le=64)] = 1
-    gamma: Coef = 1.0
-
-
-class L2(Form):
-    """½‖e‖². `read=kappa` reads the memory for the error at a separate regression key κ (an input of the op) and
-    steps along the write key k (Comba); `erase=kappa` erases what is stored at κ and writes v along k (RWKV-7):
-    the generalized delta transition W_t = W_{t-1}(diag(w_t) - a_t b_tᵀ) + v_t k_tᵀ (docs/semantics.md)."""
-
-    kind: Literal["l2"] = "l2"
-    read: Literal["key", "kappa"] = "key"
-    erase: Literal["key", "kappa"] = "key"
-    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
-    window: Annotated[int, Field(ge=1, le=64)] = 1
-    gamma: Coef = 1.0
-
-
-class Lp(Form):
-    kind: Literal["lp"] = "lp"
-    p: Annotated[float, Field(ge=1, le=64)]
-    eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
-    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
-    window: Annotated[int, Field(ge=1, le=64)] = 1
-    gamma: Coef = 1.0
-
-
-class Huber(Form):
-    kind: Literal["huber"] = "huber"
-    delta: Coef = GATE
-    mode: Literal["coordinate", "mixture"] = "coordinate"
-    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
-    window: Annotated[int, Field(ge=1, le=64)] = 1
-    gamma: Coef = 1.0
-
-
-class Custom(Form):
-    kind: Literal["custom"] = "custom"
-    loss: Any  # a sympy expression in the symbol `e`
-    # the Omega rule (Atlas): ℓ_t sums this bias over the last `window` tokens, token i weighted by γ_i (`gamma`)
-    window: Annotated[int, Field(ge=1, le=64)] = 1
-    gamma: Coef = 1.0
 
 
 # ---------------------------------------------------------------------------------- learner
@@ -219,7 +183,7 @@ class Minibatch(Form):
 # model's fields in declaration order (after `kind`).
 VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
-    "bias": {"dot": Dot, "l2": L2, "lp": Lp, "huber": Huber, "custom": Custom},
+    "bias": BIASES,
     "retention": RETENTIONS,
     "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon, "precond": Precond,
                 "nonparametric": NonparametricLearner},
@@ -308,7 +272,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
     name: str
     memory: Linear | MLP | Nonparametric
-    bias: Dot | L2 | Lp | Huber | Custom
+    bias: AnyBias
     retention: AnyRetention
     learner: GD | Momentum | Muon | Implicit | Precond | NonparametricLearner
     parallel: Exact | Minibatch
@@ -493,7 +457,7 @@ def format_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return repr(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+        return format_number(v)
     if isinstance(v, tuple):
         return "(" + ", ".join(format_value(x) for x in v) + ")"
     if isinstance(v, PerHead):
