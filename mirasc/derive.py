@@ -90,7 +90,7 @@ def _derive_bias(spec: S.Spec, d: Derivation) -> None:
     loss = spec.bias.inner_loss()  # the bias's own form (language/bias.py)
     d.loss, d.loss_text = loss.loss, loss.text
     dl = loss.derivative if loss.derivative is not None else sp.diff(d.loss, e)
-    if spec.learner.kind == "implicit":
+    if spec.learner.proximal:
         dl = _proximal(dl, d)
     _check_printable(dl, "bias", "the loss derivative")
     _check_codegen(dl, "bias", "the loss derivative")

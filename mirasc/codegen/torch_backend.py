@@ -205,7 +205,7 @@ def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
         lines.append("    a linear memory stays 0).")
     elif r.keeps_accumulator:
         lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
-    if spec.learner.kind in ("momentum", "muon"):
+    if spec.learner.momentum_buffer:
         lines.append("    Momentum buffers S_i start at 0.")
     if spec.precond:
         lines.append("    The preconditioner's statistic A [B, H, Dk] starts at 0.")
@@ -290,7 +290,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
         "muon": l.kind == "muon",
-        "has_S": l.kind in ("momentum", "muon"),  # a momentum buffer S_i per weight in the state
+        "has_S": l.momentum_buffer,  # a momentum buffer S_i per weight in the state
         "omega": spec.window > 1,
         "poly_features": bool(spec.poly_degree),
         "chunk_muon": kind == "muon",

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# (the spec's names for the forms' base, the biases and the retentions, which live in their own modules)
+# (the spec's names for the forms' base, the biases, learners and retentions, which live in their own modules)
 from mirasc.language.bias import BIASES, L2, AnyBias, Custom, Dot, Huber, Lp  # noqa: F401
 from mirasc.language.form import (  # noqa: F401
     GATE,
@@ -24,6 +24,17 @@ from mirasc.language.form import (  # noqa: F401
     Form,
     PerHead,
     format_number,
+)
+from mirasc.language.learner import (  # noqa: F401
+    GD,
+    LEARNERS,
+    PRECOND_ATK_PARAMS,
+    AnyLearner,
+    Implicit,
+    Momentum,
+    Muon,
+    NonparametricLearner,
+    Precond,
 )
 from mirasc.language.retention import RETENTIONS, AnyRetention, Decay, NoRetention  # noqa: F401
 
@@ -104,68 +115,6 @@ class Nonparametric(Form):
     sink: bool = False
 
 
-# ---------------------------------------------------------------------------------- learner
-# Inner gradient steps per token (a multi-step learner, Gated DeltaProduct): the token's n (key, value) pairs are
-# taken one after another, each step at the state the previous one left (docs/semantics.md, "Multi-step learners").
-Steps = Annotated[int, Field(ge=1, le=64)]
-
-
-class GD(Form):
-    kind: Literal["gd"] = "gd"
-    lr: Coef = GATE
-    steps: Steps = 1
-
-
-class Momentum(Form):
-    kind: Literal["momentum"] = "momentum"
-    lr: Coef = GATE
-    theta: Coef = GATE
-    steps: Steps = 1  # accepted by the grammar so that steps > 1 is rejected with its reason (legality.py)
-
-
-class Muon(Form):
-    """Atlas' inner optimiser: S_t = θ_t S_{t-1} + ∇ℓ_t, U_t = -η_t NS_k(S_t), the momentum orthogonalised by
-    `ns_steps` quintic Newton–Schulz iterations, each weight matrix on its own (docs/semantics.md, "Muon")."""
-
-    kind: Literal["muon"] = "muon"
-    lr: Coef = GATE
-    theta: Coef = GATE
-    ns_steps: Annotated[int, Field(ge=1, le=32)] = 5
-    steps: Steps = 1  # accepted by the grammar so that steps > 1 is rejected with its reason (legality.py)
-
-
-class Implicit(Form):
-    kind: Literal["implicit"] = "implicit"
-    lr: Coef = GATE
-    steps: Steps = 1
-
-
-class Precond(Form):
-    """A diagonal preconditioned learner (docs/semantics.md, "Preconditioned learner"): a second-moment statistic of
-    the gradient's key-side factor per key channel, a_t = ν_t a_{t−1} + ρ_t k_t², and the step of gd with the key
-    channel learning rate η_t·m(a_t): `transform=atk` FLA's ATK squash (preconditioned Gated DeltaNet / KDA),
-    m(a) = base^(−r/(1+|r|)), r = log(a + eps) − center; `transform=rms` m(a) = (a + eps)^(−1/2) (RMSprop / Adagrad).
-    For a linear memory the gradient is e kᵀ, so the statistic never reads the memory and the step stays chunkable:
-    the op runs gd(lr=gate(k)) with η_t ⊙ m(a_t) (`Spec.inner_spec`)."""
-
-    kind: Literal["precond"] = "precond"
-    lr: Coef = GATE
-    nu: Coef = GATE   # ν_t: the statistic's decay (FLA: e^{g_atk}); 1 with rho=1 is Adagrad's plain running sum
-    rho: Coef = GATE  # ρ_t: the statistic's rate (FLA: β_atk); 1 − ν for an exponential moving average
-    transform: Literal["atk", "rms"] = "rms"
-    base: Annotated[float, Field(gt=1, le=1e6)] = 1.5          # atk: m ranges over (1/base, base)
-    center: Annotated[float, Field(ge=-100, le=100)] = -0.2    # atk: log a at which m = 1
-    eps: Annotated[float, Field(gt=0, le=1)] = 1e-6            # > 0: m(0) is finite (the statistic starts at 0)
-
-
-# The atk-only parameters and their defaults (rejected with transform=rms unless left at them).
-PRECOND_ATK_PARAMS = ("base", "center")
-
-
-class NonparametricLearner(Form):
-    kind: Literal["nonparametric"] = "nonparametric"
-
-
 # --------------------------------------------------------------------------------- parallel
 class Exact(Form):
     kind: Literal["exact"] = "exact"
@@ -185,8 +134,7 @@ VOCABULARY: dict[str, dict[str, type[Form]]] = {
     "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
     "bias": BIASES,
     "retention": RETENTIONS,
-    "learner": {"gd": GD, "momentum": Momentum, "implicit": Implicit, "muon": Muon, "precond": Precond,
-                "nonparametric": NonparametricLearner},
+    "learner": LEARNERS,
     "parallel": {"exact": Exact, "minibatch": Minibatch},
 }
 FIELDS = tuple(VOCABULARY)
@@ -274,7 +222,7 @@ class Spec(BaseModel):
     memory: Linear | MLP | Nonparametric
     bias: AnyBias
     retention: AnyRetention
-    learner: GD | Momentum | Muon | Implicit | Precond | NonparametricLearner
+    learner: AnyLearner
     parallel: Exact | Minibatch
     layer: LayerOptions = LayerOptions()
 
