@@ -6,7 +6,7 @@ the code generators changes no emitted byte:
     diff -r /tmp/before /tmp/after                      # must print nothing
 
 The specs: every bundled `specs/*.miras`, and every spec text the tests hold (string constants of
-tests/*.py, module-level values and pytest parametrize arguments; bodies without the `model NAME { }` frame
+tests/**/test_*.py, module-level values and pytest parametrize arguments; bodies without the `model NAME { }` frame
 are framed; "{C}" placeholders are filled with the mini-batch sizes the tests use), each also with
 `parallel = minibatch(C, readout=chunk)` where it has no `parallel` line. A spec the compiler rejects is
 written as NAME.err with its message, so a change in the errors shows too. Files are named by a hash of
@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRITON_INTERPRET", "1")  # as the tests run; the emitted text does not depend on it
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"),  # the test modules, in their folders (tests/conftest.py)
+                *sorted(str(p) for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_")))]
 
 from mirasc import compiler  # noqa: E402
 from mirasc.codegen import standalone  # noqa: E402
@@ -76,7 +77,7 @@ def spec_texts() -> list[str]:
     found: dict[str, None] = {}
     for path in sorted((ROOT / "specs").glob("*.miras")):
         found.update(dict.fromkeys(_variants(path.read_text(encoding="utf-8"))))
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py"), key=lambda p: p.name):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant):
                 found.update(dict.fromkeys(_variants(node.value)))

@@ -8,7 +8,7 @@ The GPU image has torch and triton but not lark/sympy/pydantic, and nothing from
 So `--emit DIR` compiles the specs here into standalone files (as benchmarks/gpu_suite.py does; DIR is ignored by
 git: carry it), and the run imports only torch, the emitted files (which import triton), and mirasc/lab/tasks.py,
 mirasc/runtime/lm.py and mirasc/lab/trainloop.py loaded by file path — never the `mirasc` package
-(tests/test_gpu_mqar.py runs it with mirasc, lark, sympy, pydantic and networkx blocked). torch.optim imports
+(tests/tools/test_gpu_mqar.py runs it with mirasc, lark, sympy, pydantic and networkx blocked). torch.optim imports
 torch._dynamo, which imports sympy: where sympy is missing, an eager stand-in for torch._dynamo is installed (see
 eager_optimizers_without_sympy; nothing is compiled, so the numbers do not change).
 

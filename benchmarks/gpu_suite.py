@@ -14,7 +14,7 @@ achieved TFLOP/s and GB/s from simple FLOP/byte models against the H200's ceilin
   * gated_deltanet / deltanet / mamba2: mirasc chunked Triton kernels, the torch chunked path and the
     fused recurrent Triton kernel vs fla chunk_gated_delta_rule / chunk_delta_rule / chunk_simple_gla;
   * gla / kda (a decay over key channels, docs/semantics.md: channel-wise gates): the chunked Triton kernels vs
-    fla chunk_gla / chunk_kda (g = log α, β = η: the same functions, tests/test_peers_fla.py);
+    fla chunk_gla / chunk_kda (g = log α, β = η: the same functions, tests/peers/test_peers_fla.py);
   * ttt_linear: the chunked Triton kernels vs fla chunk_ttt_linear (a similar model, see the case);
   * rwkv7 / comba (generalized delta transition): the chunked Triton kernels and the torch chunked path vs fla
     chunk_dplr_delta_rule (a = −κ, b = η ⊙ κ, gk = log α: the same function) / chunk_comba (p = κ; fla's chunk

@@ -13,7 +13,7 @@ Writes the alignment heat-map (α for a few held-out dates) as a PNG.
 
 Commands:
     python examples/bahdanau_align.py --out bahdanau_alignment.png      # the "real" run (~1-2 min on 1 core)
-    python examples/bahdanau_align.py --tiny --out /tmp/align.png       # smoke size (tests/test_examples.py)
+    python examples/bahdanau_align.py --tiny --out /tmp/align.png       # smoke size (tests/lab/test_examples.py)
 """
 
 import argparse

@@ -16,7 +16,7 @@ nn.Parameters passed as `params=`. Trained with Adam on freshly generated storie
 Commands:
     python examples/memn2n_babi.py                      # the "real" run (a few minutes on 1 core)
     python examples/memn2n_babi.py --steps 3000 --seed 1
-    python examples/memn2n_babi.py --tiny               # smoke size (tests/test_examples.py)
+    python examples/memn2n_babi.py --tiny               # smoke size (tests/lab/test_examples.py)
 """
 
 import argparse

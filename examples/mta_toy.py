@@ -26,7 +26,7 @@ letters a block holds.
 Commands:
     python examples/mta_toy.py                     # the "real" run (1 layer; a few minutes on 1 core)
     python examples/mta_toy.py --layers 2          # two layers each
-    python examples/mta_toy.py --tiny              # smoke size (tests/test_examples.py)
+    python examples/mta_toy.py --tiny              # smoke size (tests/lab/test_examples.py)
 """
 
 import argparse

@@ -80,7 +80,7 @@ def cmd_compile(args) -> int:
 def cmd_check(args) -> int:
     """Parse and validate without generating code. A spec with an expression (custom loss, Bregman
     potential) is also derived, since only the symbolic derivation can reject it; the built-in forms
-    always derive (tests/test_cli.py checks that), so their check loads lark and pydantic but not sympy."""
+    always derive (tests/project/test_cli.py checks that), so their check loads lark and pydantic but not sympy."""
     from .language import frontend
 
     text, path = frontend.read_spec(Path(args.spec))

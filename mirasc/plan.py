@@ -84,7 +84,7 @@ class Plan:
         return dataclasses.replace(self, triton=False, no_triton=reason, chunk_family=None, minibatch=False)
 
     def summary(self) -> dict[str, str]:
-        """The decisions in short words (a bundled spec's row in tests/test_plan.py): the torch chunked form, the
+        """The decisions in short words (a bundled spec's row in tests/plan/test_plan.py): the torch chunked form, the
         Triton kernels, and how a parametric memory's kernels multiply 16-bit dots ("" for attention)."""
         if not self.triton:
             triton = "none"

@@ -1,11 +1,16 @@
-"""Make the repository root importable (for `import mirasc`) when pytest runs without installation."""
+"""Make the repository root importable (for `import mirasc`) when pytest runs without installation, and the
+tests' shared modules: the float64 reference (`reference.py`) and the isolation helper here, and the helpers one
+test file takes from another in a sibling folder (the folders are the package's layers, docs/development.md, "The
+test suite"; a test module's name is unique across them)."""
 
 import sys
 from pathlib import Path
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+_TESTS = Path(__file__).resolve().parent
+for _path in [str(_TESTS.parent), str(_TESTS), *sorted(str(p) for p in _TESTS.iterdir() if p.is_dir()
+                                                      and not p.name.startswith((".", "_")))]:
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 # Triton kernels run on the CPU through the interpreter; this must be set before triton is imported.
 import os  # noqa: E402

@@ -20,7 +20,7 @@ by `datasets` from the disk) into a task folder, so the same folder works with l
 Synthetic data is generated with a fixed seed (`--seed`), so the files are the same on every run. Nothing
 is downloaded: the Hub, transformers and datasets are switched offline before lm-eval is imported (and in
 their already-imported modules), the model and the data are local paths, and the datasets cache lives in
-the task folder. tests/test_hf_tools.py runs it with every network connection refused.
+the task folder. tests/lab/test_hf_tools.py runs it with every network connection refused.
 """
 
 from __future__ import annotations

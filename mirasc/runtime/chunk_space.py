@@ -2,7 +2,8 @@
 into every emitted module with chunk kernels, by mirasc.codegen.standalone). A schedule, never what is computed: which
 tiles, warps and stages a GPU may launch for each chunk kernel (docs/kernels.md), and a model of the shared memory each
 configuration needs, an upper bound of what ptxas reports (checked by `mirasc kernels`: every kept configuration must
-fit, tests/test_kernel_fit.py). `ch` is the module's decay layout: a log-decay per key channel (True) or per head."""
+fit, tests/triton_backend/test_kernel_fit.py).
+`ch` is the module's decay layout: a log-decay per key channel (True) or per head."""
 
 import triton
 

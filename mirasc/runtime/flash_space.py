@@ -2,7 +2,7 @@
 into every emitted module with softmax flash kernels, by mirasc.codegen.standalone). A schedule, never what is
 computed: the tiles (rows of queries BM, rows of keys BN), warps and stages a GPU may launch for the forward and the
 two backward kernels, kept where a register model and a shared-memory model (upper bounds of what ptxas reported)
-admit them; checked by `mirasc kernels` (tests/test_kernel_fit.py)."""
+admit them; checked by `mirasc kernels` (tests/triton_backend/test_kernel_fit.py)."""
 
 import triton
 

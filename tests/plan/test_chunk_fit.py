@@ -1,0 +1,179 @@
+"""The chunk kernels' GPU autotuning spaces and the refusal where they are empty (a launch over an empty space
+would fail inside the autotuner with a TypeError, not with the reason).
+
+The spaces (the module's `_CHUNK_AUTOTUNE`, from mirasc.runtime.chunk_space; `_mom_configs`) are plain Python, so
+this runs on the CPU. At the key widths the feature maps give (Based's Taylor map 1 + D + D(D+1)/2, Hedgehog's 2D)
+beyond the scans' 256 padded key columns, or at a chunk tile whose preparation needs more than the shared memory of
+sm_90 (SMEM_LIMIT[(9, 0)]), a kernel has no configuration; the module must then (a) refuse with a RuntimeError that
+names the kernels, the sizes and `backend='torch'`, before anything launches, (b) let backend="auto" pick torch,
+and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces need
+16-wide tiles). A device that "looks like" CUDA is a stand-in object with `type == "cuda"` and the module's
+`_device_smem_limit` patched to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc kernels`)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import mirasc
+
+triton = pytest.importorskip("triton")
+SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
+CUDA = types.SimpleNamespace(type="cuda", index=0)
+
+
+@pytest.fixture(scope="module")
+def mods():
+    return {name: mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
+            for name in ("based", "hedgehog", "gated_deltanet", "kda", "rwkv7", "momentum_deltanet")}
+
+
+def sm90(mod):
+    return mod.SMEM_LIMIT[(9, 0)]
+
+
+def widths(mod, D):
+    """(Dk, Dv) the chunk kernels read for heads of width D (feature map; the normaliser's extra value row)."""
+    return mod.feature_dim(D) if hasattr(mod, "feature_dim") else D, D + int(getattr(mod, "NORMALIZE", False))
+
+
+def configs(mod, name, Dk, Dv, BT, smem_limit, prec):
+    """The module's autotuning space of kernel `name` at these sizes (what its autotuner and `mirasc kernels` read)."""
+    return mod._CHUNK_AUTOTUNE[name]({"Nk": Dk, "Nv": Dv, "BT": BT, "PREC": prec}, smem_limit)
+
+
+def on_sm90(mod, monkeypatch):
+    monkeypatch.setattr(mod, "_device_smem_limit", lambda device: sm90(mod))
+
+
+SCANS = {"_chunk_state_fwd", "_chunk_state_bwd"}
+
+
+@pytest.mark.parametrize("name,D,prec,empty", [
+    ("based", 64, "ieee", SCANS),  # Dk = 2145: 4096 padded key columns
+    ("gated_deltanet", 256, "ieee", SCANS),  # exact fp32 products hold at most 128
+    ("hedgehog", 256, "bf16x2", SCANS),  # Dk = 512: two K blocks of 256 would spill in every configuration
+])
+def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
+    mod = mods[name]
+    Dk, Dv = widths(mod, D)
+    BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
+    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, sm90(mod), prec)} == empty
+    # the scans' space itself is empty there (registers), whatever the shared memory
+    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, None, prec)} == empty
+    msg = mod._chunk_fit_error(Dk, Dv, BT, prec, sm90(mod))
+    most = "at most 128 with fp32 dots" if prec == "ieee" else "at most 256"
+    for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "in registers", most,
+                 *(["feature map"] if hasattr(mod, "feature_dim") else [])):
+        assert part in msg, (part, msg)
+    on_sm90(mod, monkeypatch)
+    with pytest.raises(RuntimeError, match="backend='torch'"):  # the launch path's check, on a "CUDA" device
+        mod._check_chunk_fits(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)
+    # the GPU branch of the kernel choice never builds an autotuner over an empty space
+    kernel = getattr(mod, sorted(empty)[0])
+    with pytest.raises(RuntimeError, match="backend='torch'"):
+        mod._chunk_kernel(kernel, types.SimpleNamespace(device=CUDA), Dk, Dv, BT, prec)
+    assert not mod._chunk_kernels_fit(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)  # (apply maps the features first)
+
+
+def test_hedgehog_refusal_names_the_ways_out(mods):
+    mod = mods["hedgehog"]
+    msg = mod._chunk_fit_error(512, 257, 64, "tf32", sm90(mod))
+    assert "key widths up to 256" in msg and "D <= 128" in msg and "chunk_size <=" not in msg, msg
+
+
+def test_a_chunk_tile_beyond_shared_memory_is_refused_with_the_chunk_sizes_that_fit(mods):
+    """The delta rule's preparation holds [BT, BT] tiles: a chunk tile of 256 rows is past sm_90's shared memory
+    (the model), while 64 rows fit; the refusal names the chunk sizes that do."""
+    mod = mods["gated_deltanet"]
+    assert not configs(mod, "_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
+    assert configs(mod, "_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
+    msg = mod._chunk_fit_error(128, 128, 256, "bf16", sm90(mod))
+    assert "_wy_fwd" in msg and "KB at its smallest" in msg and "chunk_size <= 64 " in msg, msg
+
+
+class _Launched(Exception):
+    pass
+
+
+def _no_launch(*args, **kwargs):
+    raise _Launched("a chunk kernel was about to launch")
+
+
+@pytest.mark.parametrize("name,D,dtype", [("based", 64, torch.float32), ("hedgehog", 256, torch.bfloat16)])
+def test_apply_refuses_before_any_launch(mods, monkeypatch, name, D, dtype):
+    """backend='triton' at sizes with no configuration: the RuntimeError comes before any kernel is chosen (the
+    target's limit set as `mirasc kernels` sets it, so CPU tensors take the GPU's decision)."""
+    mod = mods[name]
+    monkeypatch.setattr(mod, "FIT_SMEM_LIMIT", sm90(mod))
+    for fn in ("_chunk_kernel", "_CHUNK_OP"):
+        monkeypatch.setattr(mod, fn, _no_launch)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 1, D, generator=g).to(dtype) for _ in range(3))
+    with pytest.raises(RuntimeError, match="backend='torch'") as err:
+        mod.apply(q, k, v, backend="triton", algorithm="chunked")
+    assert "no configuration that fits" in str(err.value)
+
+
+class _CudaLooking(torch.Tensor):
+    """A CPU tensor whose `is_cuda` is True: what the backend="auto" dispatch reads."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("name,D,dtype,triton_expected", [
+    ("based", 64, torch.float32, False),
+    ("hedgehog", 256, torch.bfloat16, False),
+    ("hedgehog", 16, torch.bfloat16, True),  # Dk = 32 fits: auto keeps the kernels
+    ("hedgehog", 128, torch.bfloat16, True),  # Dk = 256: two K blocks of 128
+    ("based", 16, torch.bfloat16, True),  # Dk = 153 (Based's own feature size)
+])
+def test_auto_picks_torch_where_nothing_fits(mods, monkeypatch, name, D, dtype, triton_expected):
+    mod = mods[name]
+    monkeypatch.setattr(mod, "FIT_SMEM_LIMIT", sm90(mod))
+    monkeypatch.setattr(mod, "_on_chunk_kernels", _no_launch)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 5, 1, D, generator=g).to(dtype).as_subclass(_CudaLooking) for _ in range(3))
+    if triton_expected:
+        with pytest.raises(_Launched):
+            mod.apply(q, k, v)
+        return
+    o, state = mod.apply(q, k, v)
+    plain = [x.as_subclass(torch.Tensor) for x in (q, k, v)]
+    o_ref, state_ref = mod.apply(*plain, backend="torch")
+    assert torch.equal(o.as_subclass(torch.Tensor), o_ref)
+    assert all(torch.equal(state[n].as_subclass(torch.Tensor), state_ref[n]) for n in state_ref)
+
+
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda", "rwkv7", "momentum_deltanet", "hedgehog"])
+def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
+    """Heads 16..128 fit sm_90 in every dot precision and heads of 256 (Hedgehog: D = 128, Dk = 256) with 16-bit and
+    TF32 products: every launched kernel keeps a configuration, auto keeps the kernels and the launch check passes.
+    Heads of 16 (and a value width of 16 under wider keys) get 16-wide tiles."""
+    mod = mods[name]
+    on_sm90(mod, monkeypatch)
+    chunk = mod._chunk_length(None)
+    for D in ((16, 32, 64, 128) if name == "hedgehog" else (16, 32, 64, 128, 256)):
+        Dk, Dv = widths(mod, D)
+        for dims in ((Dk, Dv), (Dk, 16)):
+            for prec in ("ieee", "tf32", "bf16") if max(dims) <= 128 else ("tf32", "bf16"):
+                args = {"Nk": dims[0], "Nv": dims[1], "BT": mod._chunk_tile(chunk), "PREC": prec}
+                for kernel in mod._CHUNK_LAUNCHED:
+                    assert mod._CHUNK_AUTOTUNE[kernel](args, sm90(mod)), (kernel, args)
+                assert mod._chunk_fit_error(dims[0], dims[1], args["BT"], args["PREC"], sm90(mod)) is None
+                mod._check_chunk_fits(*dims, chunk, prec, CUDA)
+                assert mod._chunk_kernels_fit(*dims, chunk, prec, CUDA)
+
+
+def test_small_heads_get_16_wide_tiles(mods):
+    mod = mods["gated_deltanet"]
+    for kernel in ("_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_grads_bwd"):
+        small = configs(mod, kernel, 16, 16, 64, sm90(mod), "tf32")
+        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in small} == {(16, 16)}
+        wide = configs(mod, kernel, 64, 64, 64, sm90(mod), "tf32")  # unchanged where the tiles fit
+        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in wide} == {(32, 32), (32, 64), (64, 32), (64, 64)}
