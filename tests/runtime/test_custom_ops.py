@@ -1,5 +1,5 @@
 """The runtime's custom-op registration (mirasc/runtime/custom_ops.py), whose body the emitted modules carry: an op
-and its backward op, their fake implementations and the autograd formula, registered once per name."""
+and its backward op, their fake implementations and the autograd formula; each module's ops its own."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _scale_op(op_id):
     return _register_op("scale", op_id, op, op_fake, backward_op, backward_fake, setup_context, backward), calls
 
 
-def test_forward_backward_and_one_registration_per_name():
+def test_forward_backward_and_each_module_its_own_op():
     op, calls = _scale_op("test_a1")
     x = torch.randn(5, dtype=torch.float64, requires_grad=True)
     s = torch.randn(5, dtype=torch.float64, requires_grad=True)
@@ -46,10 +46,13 @@ def test_forward_backward_and_one_registration_per_name():
     assert torch.equal(dx, 3 * s.detach()) and torch.equal(ds, 3 * x.detach())
     assert calls == ["fwd", "bwd"]
     assert callable(torch.ops.mirasc.scale_test_a1) and callable(torch.ops.mirasc.scale_bwd_test_a1)
-    # a module compiled twice: the op registered first, not a second registration of the second one's functions
+    # the same spec loaded as a second module: its own op under the next free name, running its own functions (a
+    # module's settings never reach another's op)
     again, again_calls = _scale_op("test_a1")
-    assert again is torch.ops.mirasc.scale_test_a1
-    assert torch.equal(again(x, s)[0], y) and again_calls == [] and calls == ["fwd", "bwd", "fwd"]
+    assert again is not op and again._qualname == "mirasc::scale_test_a1_2"
+    assert callable(torch.ops.mirasc.scale_test_a1_2) and callable(torch.ops.mirasc.scale_bwd_test_a1_2)
+    assert torch.equal(again(x, s)[0], y) and again_calls == ["fwd"] and calls == ["fwd", "bwd"]
+    assert _scale_op("test_a1")[0]._qualname == "mirasc::scale_test_a1_3"
 
 
 def test_compiles_without_graph_breaks():

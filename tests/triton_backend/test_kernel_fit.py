@@ -298,7 +298,7 @@ def test_specialization_changes_the_compiled_kernel(tmp_path):
     one runs triton under the interpreter."""
     script = (
         "import json, sys\n"
-        f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]\n"
+        f"sys.path[:0] = [{str(ROOT)!r}, {str(Path(__file__).resolve().parent)!r}]\n"
         "from test_kernel_fit import probe, _probe_args\n"
         "from mirasc.lab.kernel_report import compile_launch\n"
         "out = {}\n"
