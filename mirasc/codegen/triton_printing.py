@@ -22,6 +22,12 @@ BLOCK = {"k": "BK", "v": "BV", "e": "BE"}  # the block (padded size) of each dim
 SIZE = {"k": "Nk", "v": "Nv", "e": "Ne"}  # the runtime size of each dimension name
 
 
+def state_tile(wdims, base: str, i: int) -> str:
+    """Pointers to this program's [rows, cols] tile of weight i in a [B·H, N_rows, N_cols] state tensor."""
+    rows_, cols = wdims[i]
+    return f"{base} + bh * {SIZE[rows_]} * {SIZE[cols]} + r{rows_}[:, None] * {SIZE[cols]} + r{cols}[None, :]"
+
+
 def jit_kernel(name: str, params: str, lines: list[str]) -> str:
     """A `@triton.jit` kernel (indented under the module's `if triton is not None:`) with body `lines`."""
     return (f"    @triton.jit\n    def {name}(" + params + "):  # noqa: C901\n"

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import re
 
-import sympy as sp
-
-from .. import derive as D
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
-from ..printers import TritonPrinter, print_triton_block
-from .triton_printing import SIZE, graph_lines, indent, row, rows, tile_matmul
+from . import triton_retention
+from .triton_printing import graph_lines, indent, row, rows, state_tile, tile_matmul
 
 BWD_SEGMENT = 32  # schedule: tokens between state checkpoints in the recurrent backward (memory O(T/32 · state))
 
@@ -102,12 +99,6 @@ def program_ids() -> list[str]:
             "re = tl.arange(0, BE)", "mk = rk < Nk", "mv = rv < Nv", "me = re < Ne"]
 
 
-def state_tile(wdims, base: str, i: int) -> str:
-    """Pointers to this program's [rows, cols] tile of weight i in a [B·H, N_rows, N_cols] state tensor."""
-    rows_, cols = wdims[i]
-    return f"{base} + bh * {SIZE[rows_]} * {SIZE[cols]} + r{rows_}[:, None] * {SIZE[cols]} + r{cols}[None, :]"
-
-
 def load_state(spec: S.Spec, d: Derivation, i: int, anchor: bool) -> list[str]:
     """Load weight i's state tiles: the weights, the accumulator (stored, or the image of the weights for kl
     and Bregman), the momentum, and the mini-batch anchor (`anchor`: a copy of the weights)."""
@@ -115,13 +106,8 @@ def load_state(spec: S.Spec, d: Derivation, i: int, anchor: bool) -> list[str]:
     rows_, cols = wdims[i]
     lines = [f"mask{i} = m{rows_}[:, None] & m{cols}[None, :]",
              f"w{i} = tl.load({state_tile(wdims, f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)"]
-    if r.keeps_accumulator:
-        lines.append(f"y{i} = tl.load({state_tile(wdims, f'Y{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-    elif r.kind == "kl":
-        lines.append(f"y{i} = tl.where(mask{i}, tl.log(tl.where(mask{i}, w{i}, 1.0) / {float(r.c)!r}), 0.0)")
-    elif r.kind == "bregman":
-        lines += print_triton_block({f"y{i}": d.phi_prime}, {sp.Symbol("w", real=True): f"w{i}"}, prefix=f"_y{i}_")
-        lines.append(f"y{i} = tl.where(mask{i}, y{i}, 0.0)")
+    if r.mapped:
+        lines += triton_retention.for_spec(spec, d).image(i)
     if spec.learner.kind == "momentum":
         lines.append(f"s{i} = tl.load({state_tile(wdims, f'S{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
     if anchor:
@@ -241,33 +227,6 @@ def forward_reads_state_as_anchor(spec: S.Spec) -> bool:
     anchor tile): the state then is the anchor, unless an order=pre decay scales it first."""
     r = spec.retention
     return bool(batched_factors(spec)) and not (r.kind == "decay" and r.order == "pre")
-
-
-# ---- the retention's readout w = R(y) of an accumulator
-
-def readout(spec: S.Spec, d: Derivation, i: int, p: TritonPrinter) -> list[str]:
-    """w<i> from the accumulator y<i>: lq's whole-matrix normalisation, kl's row softmax, or an elementwise
-    map (the retention's entrywise one, e.g. elastic's shrink; Bregman's (φ')⁻¹)."""
-    r = spec.retention
-    y, w = f"y{i}", f"w{i}"
-    if r.kind == "lq":
-        q = float(r.q)
-        return [f"nrm{i} = tl.sum(tl.sum(tl.where(mask{i}, tl.exp({q!r} * tl.log(tl.abs({y}))), 0.0), axis=1), axis=0)",
-                f"nrm{i} = tl.maximum(tl.exp(tl.log(nrm{i}) / {q!r}), 1e-30)",
-                f"{w} = {y} * tl.exp(-{q - 2!r} * tl.log(nrm{i}))"]
-    if r.kind == "kl":
-        return [f"ym{i} = tl.where(mask{i}, {y}, -float('inf'))",
-                f"ex{i} = tl.exp(ym{i} - tl.max(ym{i}, axis=1)[:, None])",
-                f"{w} = tl.where(mask{i}, {float(r.c)!r} * ex{i} / tl.sum(ex{i}, axis=1)[:, None], 0.0)"]
-    expr, sym = (d.entrywise, D.a) if d.entrywise is not None else (d.phi_prime_inv, D.u)
-    return print_triton_block({w: expr}, {sym: y}, prefix=f"_{w}_") + [f"{w} = tl.where(mask{i}, {w}, 0.0)"]
-
-
-def readout_derivative(spec: S.Spec, d: Derivation) -> tuple[sp.Expr, sp.Symbol]:
-    """R'(y) of an elementwise readout w = R(y) (the retention's entrywise map, Bregman's (φ')⁻¹)."""
-    if d.entrywise is not None:
-        return ir._clean_derivative(sp.diff(d.entrywise, D.a)), D.a
-    return ir._clean_derivative(sp.diff(d.phi_prime_inv, D.u)), D.u
 
 
 # ---- bookkeeping

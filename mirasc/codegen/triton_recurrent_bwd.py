@@ -15,13 +15,11 @@ accumulator, the momentum and the anchor; dc_<name> a coefficient's cotangent fo
 
 from __future__ import annotations
 
-import sympy as sp
-
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
-from ..printers import TritonPrinter, print_triton_block
+from . import triton_retention
 from .triton_printing import SIZE, graph_lines, indent, jit_kernel, part_row, part_rows, ring_row, ring_rows, rows
 from .triton_recurrent import (
     batched_factors,
@@ -31,8 +29,6 @@ from .triton_recurrent import (
     load_token,
     outer_sum,
     program_ids,
-    readout,
-    readout_derivative,
     state_tile,
     tile_matmul_ieee,
     vector_coefficients,
@@ -58,6 +54,7 @@ class _Backward:
         self.spec, self.d, self.r, self.coef_order, self.seg = spec, d, r, coef_order, seg
         self.mom, self.mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
         self.readout = r.mapped
+        self.map = triton_retention.for_spec(spec, d)  # the readout map's printer (None: no map)
         self.store_acc = r.keeps_accumulator
         self.write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
         self.wdims = spec.weight_dims()
@@ -188,17 +185,10 @@ class _Backward:
     def initial_state_cotangents(self) -> list[str]:
         """Store the cotangents of the initial state (through y_0 = φ'(W_0) or log(W_0 / c) where the
         retention keeps an image of the weights)."""
-        r, lines = self.r, []
+        lines = []
         for i in range(self.n_w):
-            if r.kind == "bregman":
-                wsym = sp.Symbol("w", real=True)
-                lines.append(f"w_init{i} = tl.load({self.tile(f'W{i}_in', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-                lines += print_triton_block({f"phi2_{i}": ir._clean_derivative(sp.diff(self.d.phi_prime, wsym))},
-                                            {wsym: f"w_init{i}"}, prefix=f"_p2{i}_")
-                lines.append(f"dw{i} = dw{i} + tl.where(mask{i}, phi2_{i} * dy{i}, 0.0)")
-            elif r.kind == "kl":  # y_0 = log(W_0 / c)
-                lines.append(f"w_init{i} = tl.load({self.tile(f'W{i}_in', i)}, mask=mask{i}, other=1.0).to(tl.float32)")
-                lines.append(f"dw{i} = dw{i} + tl.where(mask{i}, dy{i} / w_init{i}, 0.0)")
+            if self.map is not None:  # through an accumulator recomputed from the weights (kl, Bregman)
+                lines += self.map.initial_cotangent(i)
             lines.append(f"tl.store({self.tile(f'DW{i}_in', i)}, dw{i}, mask=mask{i})")
             if self.store_acc:
                 lines.append(f"tl.store({self.tile(f'DY{i}_in', i)}, dy{i}, mask=mask{i})")
@@ -238,7 +228,7 @@ class _Backward:
             if self.readout:
                 lines.append(f"y_prev{i} = y{i}")
                 lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.gated else f"y{i} = y{i} + upd{i}")
-                lines += readout(self.spec, self.d, i, TritonPrinter())
+                lines += self.map.readout(i)
             elif r.kind == "decay" and r.order == "post":
                 lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
             else:
@@ -293,24 +283,7 @@ class _Backward:
 
     def reverse_readout(self, i: int) -> list[str]:
         """dyv<i>: the accumulator's cotangent, dy<i> plus dw<i> through the readout w = R(y)."""
-        r = self.r
-        if r.kind == "lq":
-            # W = c Y with c = ‖Y‖_q^{-(q-2)}: dY = c dW - (q-2) c ‖Y‖_q^{-q} ⟨dW, Y⟩ sign(Y)|Y|^{q-1}
-            qq = float(r.q)
-            return [f"cq{i} = tl.exp(-{qq - 2!r} * tl.log(nrm{i}))",
-                    f"ip{i} = tl.sum(tl.sum(dw{i} * y{i}, axis=1), axis=0)",
-                    f"sp{i} = tl.where(mask{i}, tl.where(y{i} < 0, -1.0, 1.0) * "
-                    f"tl.exp({qq - 1!r} * tl.log(tl.where(mask{i}, tl.abs(y{i}), 1.0))), 0.0)",
-                    f"dyv{i} = dy{i} + cq{i} * dw{i} - {qq - 2!r} * cq{i} * tl.exp(-{qq!r} * tl.log(nrm{i})) "
-                    f"* ip{i} * sp{i}"]
-        if r.kind == "kl":  # W = c softmax_row(Y): dY = c S ∘ (dW - rowsum(dW ∘ S))
-            cc = float(r.c)
-            return [f"sm{i} = tl.where(mask{i}, w{i} / {cc!r}, 0.0)",
-                    f"rs{i} = tl.sum(dw{i} * sm{i}, axis=1)",
-                    f"dyv{i} = dy{i} + {cc!r} * sm{i} * (dw{i} - rs{i}[:, None])"]
-        dexpr, sym = readout_derivative(self.spec, self.d)  # elementwise readouts: R'(y)
-        return print_triton_block({f"rprime{i}": dexpr}, {sym: f"y{i}"}, prefix=f"_rp{i}_") + \
-            [f"dyv{i} = dy{i} + rprime{i} * dw{i}"]
+        return self.map.reverse(i)
 
     def reverse_learner(self, i: int) -> list[str]:
         """dupd<i> -> dgrad<i> (the gradient's cotangent), dc_eta (and ds<i>, dc_theta with momentum)."""

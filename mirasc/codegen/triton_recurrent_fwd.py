@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
-from ..printers import TritonPrinter
+from . import triton_retention
 from .triton_printing import graph_lines, indent, jit_kernel
 from .triton_recurrent import (
     factor_lines,
@@ -20,7 +20,6 @@ from .triton_recurrent import (
     load_state,
     load_token,
     program_ids,
-    readout,
     state_tile,
     vector_coefficients,
     window_factor_lines,
@@ -111,7 +110,7 @@ def _update(spec: S.Spec, d: Derivation, i: int, delta: str | None, inp: str | N
         lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
     else:
         lines.append(f"y{i} = {'c_alpha * y' + str(i) if r.gated else 'y' + str(i)} + upd{i}")
-        lines += readout(spec, d, i, TritonPrinter())
+        lines += triton_retention.for_spec(spec, d).readout(i)
     return lines
 
 
