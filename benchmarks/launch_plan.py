@@ -57,9 +57,11 @@ WRITE_ONLY_OPS = {"zero_", "fill_", "zeros", "ones", "full", "zeros_like", "ones
                   "new_ones", "new_full", "arange", "scalar_tensor"}
 
 
-def build(side, case, B, T, H, D):
+def build(side, case, B, T, H, D, patch=setattr):
     """(forward callable returning the output, the mirasc module or None) for one side of a case, on inputs made as
-    benchmarks/gpu_suite.py makes them (q, k L2-normalised bf16; fp32 gates, a key-channel decay for gla and kda)."""
+    benchmarks/gpu_suite.py makes them (q, k L2-normalised bf16; fp32 gates, a key-channel decay for gla and kda).
+    The mirasc module is the process's one module of its spec: its settings are changed through `patch`, which
+    trace() undoes."""
     from gpu_suite import make_inputs
 
     gates = {"gdn": ("eta", "alpha"), "kda": ("eta",)}.get(case, ())
@@ -71,11 +73,12 @@ def build(side, case, B, T, H, D):
         import mirasc
 
         m = mirasc.compile_spec(str(ROOT / "specs" / f"{SPECS[case]}.miras"))
-        m._check_triton_device = lambda *args: None  # the compile pass runs no kernel on its CPU tensors
+        if hasattr(m, "_check_triton_device"):  # the compile pass runs no kernel on its CPU tensors
+            patch(m, "_check_triton_device", lambda *args: None)
         if hasattr(m, "_launch_prec"):  # count the bf16 products as a GPU launch compiles them (not widened)
-            m._launch_prec = lambda prec: prec
+            patch(m, "_launch_prec", lambda prec: prec)
         if hasattr(m, "FIT_SMEM_LIMIT"):  # refuse and fit as on an sm_90 GPU
-            m.FIT_SMEM_LIMIT = SMEM
+            patch(m, "FIT_SMEM_LIMIT", SMEM)
         if case == "attn":
             return (lambda: m.apply(q, k, v, backend="triton")[0]), m
         return (lambda: m.apply(q, k, v, gs, backend="triton", algorithm="chunked")[0]), m
@@ -323,7 +326,7 @@ def trace(pass_, side, case, *, B=TRACE_B, T=FULL_T, H=TRACE_H, D=HEAD_DIM, out=
         setattr(obj, name, value)
 
     try:
-        fwd, module = build(side, case, B, T, H, D)
+        fwd, module = build(side, case, B, T, H, D, patch)
         if module is not None:
             from mirasc.lab.kernel_report import _autotune_tables
             tr.tables = _autotune_tables(module)

@@ -239,15 +239,18 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
 
     from ..compiler import compile_spec
 
-    module = compile_spec(spec)
+    module = compile_spec(spec)  # (the process's one module of this spec: what is set on it below is undone)
     tracer = _Tracer(module, target, which, on_row)
     saved_run = JITFunction.run
     JITFunction.run = lambda kernel, *args, **kwargs: tracer.intercept(kernel, *args, **kwargs)
     # the module refuses backend='triton' on CPU tensors outside the interpreter; here no kernel runs (each launch
-    # is intercepted), so its device check stands aside for the traced calls
-    saved_check = getattr(module, "_check_triton_device", None)
-    if saved_check is not None:
-        module._check_triton_device = lambda *args: None
+    # is intercepted), so its device check stands aside for the traced calls; and its chunk kernels refuse on the
+    # CPU what a GPU of `target` would
+    settings = {name: value for name, value in (("_check_triton_device", lambda *args: None),
+                                                ("FIT_SMEM_LIMIT", tracer.smem_limit)) if hasattr(module, name)}
+    saved = {name: getattr(module, name) for name in settings}
+    for name, value in settings.items():
+        setattr(module, name, value)
     try:
         for algorithm in algorithms or _algorithms(module):
             q, k, v, gates, kw = _inputs(module, T, heads, dk, dv, getattr(torch, dtype), chunk)
@@ -270,8 +273,8 @@ def report(spec, *, target="sm_90", dk=64, dv=64, dtype="bfloat16", T=256, chunk
                                direction=tracer.direction))
     finally:
         JITFunction.run = saved_run
-        if saved_check is not None:
-            module._check_triton_device = saved_check
+        for name, value in saved.items():
+            setattr(module, name, value)
     return tracer.rows
 
 
@@ -308,8 +311,6 @@ class _Tracer:
         arch, self.smem_limit = TARGETS[target]
         self.target, self.which, self.on_row = target, which, on_row
         self.backend = make_backend(GPUTarget("cuda", arch, 32))  # the specialization a launch on that GPU applies
-        if hasattr(module, "FIT_SMEM_LIMIT"):  # the chunk kernels refuse on the CPU what a GPU of `target` would
-            module.FIT_SMEM_LIMIT = self.smem_limit
         self.tables = _autotune_tables(module)
         self.rows: list[Row] = []
         self.seen = set()

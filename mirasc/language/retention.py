@@ -1,11 +1,12 @@
 """The retentions of the language, one class each (docs/semantics.md, step 4 "Retention"): the parameters a spec
 gives it, and the facts about it that decide how the rest of the compiler computes it. A new retention is one class
-here, registered in RETENTIONS; the derivation, the code generators and the plan read these facts, not its name.
+here, registered in RETENTIONS; the derivation, the code generators, the plan and the legality rules read these facts
+(only the maps that do not act entry by entry — lq's norm, kl's softmax, Bregman's mirror map — and decay's order
+are written out by name where they are printed: codegen/triton_retention.py, the torch template).
 
 Every retention turns the learner's update U_t into the next weights. The facts:
-- `gated`: a retention factor α_t scales the state (decay) or the accumulator (lq, kl, elastic, box) at
-  each token;
-  α is a gate unless the spec makes it a number or a per-head constant (undeclared: 1).
+- `gated`: a retention factor α_t scales the state (decay) or the accumulator (lq, kl, elastic, box) at each
+  token; α is a gate unless the spec makes it a number or a per-head constant (undeclared: 1).
 - `linear`: W_t is linear in W_{t−1} and U_t (none, decay). Only these have chunked forms, nonparametric memories,
   the implicit step and the generalized delta transition.
 - `mapped`: the weights are a nonlinear map of an accumulator, W_t = R(Y_t), with Y_t = α_t Y_{t−1} + U_t (lq, kl,
@@ -78,7 +79,7 @@ class KL(Retention):
 
 
 class Elastic(Retention):
-    """W = sign(A)·max(|A| − λ, 0): the soft threshold, the proximal map of λ‖W‖₁ added to ½‖W‖²."""
+    """W = sign(A)·max(|A| − λ, 0): the soft threshold, the proximal map of λ‖·‖₁ at the accumulator."""
 
     kind: Literal["elastic"] = "elastic"
     lam: Annotated[float, Field(ge=0)]
@@ -95,8 +96,8 @@ class Elastic(Retention):
 
 
 class Box(Retention):
-    """W = max(−r, min(A, r)): ½‖W‖² restricted to the box |w| ≤ r (the ℓ∞ ball), whose minimiser is the
-    projection of the accumulator onto it; every weight stays within ±r however many updates pile up."""
+    """W = max(−r, min(A, r)): the minimiser of ½‖W − A‖² over the box |w| ≤ r (the ℓ∞ ball), the accumulator
+    projected onto it; every weight stays within ±r however many updates pile up."""
 
     kind: Literal["box"] = "box"
     radius: Annotated[float, Field(gt=0)]

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import mirasc
+
 pytest.importorskip("triton")
 PLAN = Path(__file__).resolve().parents[2] / "benchmarks" / "launch_plan.py"
 
@@ -25,9 +27,12 @@ def test_count_pass_mirasc_gla(tmp_path, one_torch_thread):
 
     plan = _plan()
     run, dot = interp.InterpretedFunction.run, interp.InterpreterBuilder.create_dot
+    module = mirasc.compile_spec(str(plan.ROOT / "specs" / "gla.miras"))  # the process's one GLA module
+    settings = {n: getattr(module, n) for n in ("_check_triton_device", "_launch_prec", "FIT_SMEM_LIMIT")}
     res = plan.trace("count", "mirasc", "gla", B=1, T=128, H=2, D=32, out=tmp_path / "count.json")
     assert (tmp_path / "count.json").exists()
     assert interp.InterpretedFunction.run is run and interp.InterpreterBuilder.create_dot is dot  # hooks undone
+    assert all(getattr(module, n) is v for n, v in settings.items())  # and the module's settings (shared by tests)
     launches = res["launches"]
     assert {r["phase"] for r in launches} == {"fwd", "bwd"}
     assert sum(sum(r["dots"].values()) for r in launches) > 0

@@ -204,13 +204,18 @@ def test_packed_sequences_in_one_launch(name):
         assert rel(a, b) < 1e-5
 
 
-@pytest.mark.parametrize("T,dtype", [(20, torch.float32), (32, torch.bfloat16)], ids=["fp32_padded", "bf16_in_place"])
-def test_chunk_op_compiles_without_graph_breaks(T, dtype):
+@pytest.mark.parametrize("T,dtype,limit", [(20, torch.float32, None), (32, torch.bfloat16, None),
+                                           (20, torch.float32, 232448)],
+                         ids=["fp32_padded", "bf16_in_place", "fit_checked"])
+def test_chunk_op_compiles_without_graph_breaks(T, dtype, limit, monkeypatch):
     """The channel-decay variant runs registered custom ops (the Hebbian op and the log-decays: fake
-    implementations, autograd), also where 16-bit [B, T, H, D] inputs are read in place."""
+    implementations, autograd), also where 16-bit [B, T, H, D] inputs are read in place, and with the kernels'
+    fit checked before the launch as on a GPU (`limit`: sm_90's shared memory per block, which the interpreter
+    has not: the check runs inside the compiled graph)."""
     from test_triton_recurrent import assert_compiled_matches_eager
 
     mod = module("gla")
+    monkeypatch.setattr(mod, "FIT_SMEM_LIMIT", limit)
     q, k, v, gates = make_inputs(CASES["gla"][1], 1, T, 2, 16, 16, torch.float32, seed=1)
     q, k, v = (t.to(dtype) for t in (q, k, v))
     state = {"W": 0.3 * torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))}
