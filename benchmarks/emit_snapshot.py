@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TRITON_INTERPRET", "1")  # as the tests run; the emitted text does not depend on it
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"),  # the test modules, in their folders (tests/conftest.py)
-                *sorted(str(p) for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_")))]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import conftest  # noqa: E402, F401  (puts the test folders on the path, as for the tests)
 
 from mirasc import compiler  # noqa: E402
 from mirasc.codegen import standalone  # noqa: E402

@@ -53,8 +53,7 @@ class _Backward:
         r, l = spec.retention, spec.learner
         self.spec, self.d, self.r, self.coef_order, self.seg = spec, d, r, coef_order, seg
         self.mom, self.mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
-        self.readout = r.mapped
-        self.map = triton_retention.for_spec(spec, d)  # the readout map's printer (None: no map)
+        self.map = triton_retention.for_spec(spec, d)  # the readout map's printer (None: the weights are the state)
         self.store_acc = r.keeps_accumulator
         self.write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
         self.wdims = spec.weight_dims()
@@ -74,7 +73,7 @@ class _Backward:
             raise NotImplementedError("a channel-wise coefficient inside the Omega window has no reverse here")
         self.gvjp = ir.vjp(grad, seeds, "memory_grad_vjp", ir.VECTOR_INPUTS + tuple(self.vectors))
         self.fvjp = ir.vjp(forward, {"y": "ct_y"}, "memory_forward_vjp")
-        names = ["w"] + (["y"] if self.readout else []) + (["s"] if self.mom else []) + (["anchor"] if self.mb else [])
+        names = ["w"] + (["y"] if self.map else []) + (["s"] if self.mom else []) + (["anchor"] if self.mb else [])
         self.state = [f"{n}{i}" for i in range(self.n_w) for n in names]
 
     # ---- the kernel
@@ -158,7 +157,7 @@ class _Backward:
         lines = []
         for i in range(self.n_w):
             lines.append(f"dw{i} = tl.load({self.tile(f'DW{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)")
-            if self.readout:
+            if self.map:
                 lines.append(f"dy{i} = tl.load({self.tile(f'DY{i}_fin', i)}, mask=mask{i}, other=0.0).to(tl.float32)"
                              if self.store_acc else f"dy{i} = tl.zeros_like(dw{i})")
             if self.mom:
@@ -225,7 +224,7 @@ class _Backward:
                 lines.append(f"upd{i} = -c_eta * grad{i}")
             if self.write:
                 lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
-            if self.readout:
+            if self.map:
                 lines.append(f"y_prev{i} = y{i}")
                 lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.gated else f"y{i} = y{i} + upd{i}")
                 lines += self.map.readout(i)
@@ -270,7 +269,7 @@ class _Backward:
     def reverse_retention(self, i: int) -> list[str]:
         """dw<i> (after the token) -> dupd<i> (the update's cotangent) and dw_dec<i> (the decayed weights')."""
         r = self.r
-        if self.readout:
+        if self.map:
             lines = self.reverse_readout(i)
             lines += [f"dupd{i} = dyv{i}", f"dw_dec{i} = tl.zeros_like(dw{i})"]
             if r.gated:
