@@ -46,3 +46,19 @@ def _flag(arg: str, flags: dict[str, bool], where: str) -> bool:
     if name not in flags:
         raise ValueError(f"{where}: unknown flag {name!r}")
     return not flags[name] if negate else flags[name]
+
+
+def fill_lines(text: str, hooks: dict[str, list[str]]) -> str:
+    """`text` with each hook `{{NAME}}` that stands alone on a line replaced by its lines, each indented like the
+    hook (a blank line stays blank); a hook with no lines removes its line, and one that `text` lacks (in a branch
+    the directives dropped) is skipped. A hook that shares its line with other text raises ValueError."""
+    lines = text.split("\n")
+    for name, filled in hooks.items():
+        slot = "{{" + name + "}}"
+        at = [n for n, line in enumerate(lines) if slot in line]
+        if any(lines[n].strip() != slot for n in at):
+            raise ValueError(f"hook {slot} must stand alone on a line of the template")
+        for n in reversed(at):
+            indent = lines[n][:len(lines[n]) - len(lines[n].lstrip())]
+            lines[n:n + 1] = [indent + line if line else "" for line in filled]
+    return "\n".join(lines)

@@ -17,8 +17,8 @@ from ..language import layer_options
 from ..language import spec as S
 from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
-from . import triton_backend, triton_minibatch
-from .directives import preprocess
+from . import torch_retention, triton_backend, triton_minibatch
+from .directives import fill_lines, preprocess
 from .standalone import runtime_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
@@ -262,7 +262,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
     subs["INPUTS"] = runtime_source("inputs")
-    body = preprocess(TEMPLATE, flags)
+    body = fill_lines(preprocess(TEMPLATE, flags), torch_retention.hooks(
+        torch_retention.for_spec(spec, d.entrywise is not None)))
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
@@ -284,8 +285,6 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
         "token_readout": r.mapped and not chunk_readout,
-        "kl_log": r.kind == "kl" and not chunk_readout,
-        "carry_Y": r.mapped and not (chunk_readout and r.kind == "kl"),
         "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
@@ -295,14 +294,9 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "poly_features": bool(spec.poly_degree),
         "chunk_muon": kind == "muon",
         "implicit": l.kind == "implicit",
-        "add_update": r.kind == "none" or (r.kind == "decay" and r.order == "pre"),
-        "decay_post": r.kind == "decay" and r.order == "post",
-        "alpha_acc": r.mapped and r.gated,
         "has_alpha": r.gated,
-        "lq": r.kind == "lq", "kl": r.kind == "kl", "bregman": r.kind == "bregman",
-        "entrywise": d.entrywise is not None,
+        "lq": r.kind == "lq", "kl": r.kind == "kl",  # (their constants, LQ_Q and KL_C)
         "acc_A": r.keeps_accumulator,
-        "readout": r.mapped,
         "layernorm": m.kind == "mlp" and m.norm == "layernorm",
         "residual": m.kind == "mlp" and m.residual,
         "linear": m.kind == "linear",
@@ -353,7 +347,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
         "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
         "ELEMENTWISE": _elementwise(spec, d),
-        "ENTRYWISE": r.map_name,
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
         "INIT_DOC": _init_doc(spec, d),
         "SHAPES": _weight_shapes(spec),

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from mirasc.codegen.directives import preprocess
+from mirasc.codegen.directives import fill_lines, preprocess
 from mirasc.codegen.standalone import body, lm_source, model_source, runtime_source
 from mirasc.runtime import layer_options, lm
 
@@ -63,6 +63,23 @@ def test_directive_errors_name_the_template_line(text, message):
     with pytest.raises(ValueError) as err:
         preprocess(text, {"x": True})
     assert str(err.value).startswith(message)
+
+
+def test_a_hook_takes_its_lines_at_its_indentation():
+    text = "def f(x):\n    {{BODY}}\n    {{NONE}}\n    return y\n"
+    out = fill_lines(text, {"BODY": ["if x:", "    y = 1", "", "y = 2"], "NONE": [], "ABSENT": ["z"]})
+    assert out == "def f(x):\n    if x:\n        y = 1\n\n    y = 2\n    return y\n"
+    with pytest.raises(ValueError, match="must stand alone"):
+        fill_lines("a = {{BODY}}\n", {"BODY": ["1"]})
+
+
+def test_every_retention_hook_has_one_place_in_the_torch_template():
+    from mirasc.codegen import torch_backend, torch_retention
+    from mirasc.language.frontend import parse_text
+
+    spec = parse_text("model m { memory = linear; bias = l2; retention = decay; learner = gd }")
+    for name in torch_retention.hooks(torch_retention.for_spec(spec, False)):
+        assert torch_backend.TEMPLATE.count("{{" + name + "}}") == 1, name
 
 
 def test_body_is_the_module_after_its_docstring_and_imports():
