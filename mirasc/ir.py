@@ -270,7 +270,7 @@ def _forward(gr: Graph, spec: S.Spec, d: D.Derivation, x: int, weights: list[int
     """Adds y = M(x). With `weights`, matmuls are explicit (W_i, h); else abstract `layer[i]`.
     Returns (out, pre_activations, hidden_inputs, y_pre_norm)."""
     m = spec.memory
-    depth = m.depth if m.kind == "mlp" else 1
+    depth = m.layers
     # feature=poly: the first layer reads φ_p(x) (the residual below still adds x itself)
     h = gr.add("features", x, arg=spec.poly_degree, name="phi") if spec.poly_degree else x
     zs, hs = [], []
@@ -284,9 +284,9 @@ def _forward(gr: Graph, spec: S.Spec, d: D.Derivation, x: int, weights: list[int
                       name=f"h{i + 1}")
     y_pre = zs[-1]
     out = y_pre
-    if m.kind == "mlp" and m.norm == "layernorm":
+    if m.layernorm:
         out = gr.add("layernorm", y_pre, name="y_norm")
-    if m.kind == "mlp" and m.residual:
+    if m.adds_input:
         xs, ys = sp.Symbol("x", real=True), sp.Symbol("y", real=True)
         out = gr.ew(xs + ys, {xs: x, ys: out}, name="y")
     return out, zs, hs, y_pre
@@ -303,10 +303,10 @@ def build_forward(spec: S.Spec, d: D.Derivation) -> Graph:
 def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
     gr = Graph("memory_grad")
     m = spec.memory
-    depth = m.depth if m.kind == "mlp" else 1
+    depth = m.layers
     k = gr.add("input", arg="k", name="k")
     vv = gr.add("input", arg="v", name="v")
-    weights = [gr.add("weight", arg=i, name=f"W{i + 1}" if m.kind == "mlp" else "W") for i in range(depth)]
+    weights = [gr.add("weight", arg=i, name=name) for i, name in enumerate(m.weights)]
     # l2(read=kappa | erase=kappa): the memory is read at the regression key κ; the gradient's input factor is
     # the write key k (read) or κ itself (erase; the transition then adds the write v kᵀ)
     gdelta = spec.generalized_delta
@@ -335,7 +335,7 @@ def build_grad(spec: S.Spec, d: D.Derivation) -> Graph:
         es, gs = sp.Symbol("eta", real=True), sp.Symbol("g", real=True)
         dy = gr.ew(es * gs, {es: eta, gs: dy}, name="dl_dy_weighted")
     # residual: ∂/∂y of x + y is the identity; LayerNorm: its backward.
-    if m.kind == "mlp" and m.norm == "layernorm":
+    if m.layernorm:
         dy = gr.add("layernorm_bwd", y_pre, dy, name="dl_dz")
     delta_i = dy
     if eta_side == "k":  # lr=gate(k), linear memory: U = -g·diag(η), i.e. the input factor is η ⊙ k

@@ -40,7 +40,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
                                "precond": spec.precond,  # the statistic a is carried beside the memory
                                "extras": bool(spec.extras),  # key inputs besides q, k (κ)
                                # an attention cache holds every past key: a padding token cannot be skipped in place
-                               "nonparametric": spec.memory.kind == "nonparametric"})
+                               "nonparametric": not spec.parametric})
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
     return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
@@ -297,8 +297,8 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "has_alpha": r.gated,
         "lq": r.kind == "lq", "kl": r.kind == "kl",  # (their constants, LQ_Q and KL_C)
         "acc_A": r.keeps_accumulator,
-        "layernorm": m.kind == "mlp" and m.norm == "layernorm",
-        "residual": m.kind == "mlp" and m.residual,
+        "layernorm": m.layernorm,
+        "residual": m.adds_input,
         "linear": m.kind == "linear",
         "per_head": bool(spec.per_head()),
         "composite": spec.composite,

@@ -73,7 +73,7 @@ from .triton_stream_printer import AR, TILE, GraphPrinter, Lines, Scratch, dot, 
 
 
 def check(spec) -> None:
-    if spec.memory.kind not in ("mlp", "linear"):
+    if not spec.parametric:
         raise Unsupported("the streamed mini-batch kernels need a parametric memory")
 
 

@@ -48,6 +48,9 @@ class Bias(Form):
     proximal_step: ClassVar[bool] = False
     reads_error_norm: ClassVar[bool] = False
 
+    def hidden(self, param: str, value: Any) -> bool:
+        return (param == "window" and value == 1) or (param == "gamma" and value == 1.0)  # no Omega rule
+
     def inner_loss(self) -> Loss:
         raise NotImplementedError
 
@@ -78,6 +81,9 @@ class L2(Bias):
     gamma: Coef = 1.0
 
     proximal_step: ClassVar[bool] = True
+
+    def hidden(self, param: str, value: Any) -> bool:
+        return super().hidden(param, value) or (param in ("read", "erase") and value == "key")
 
     def inner_loss(self) -> Loss:
         e, y, v, enorm, delta = symbols()

@@ -36,3 +36,8 @@ def format_number(v: float) -> str:
 
 class Form(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    def hidden(self, param: str, value: Any) -> bool:
+        """Whether the canonical spec text leaves `param` out at this `value` (a parameter added to a form after
+        specs were written, at the value that means what those specs meant: they read as before)."""
+        return False

@@ -169,14 +169,14 @@ class _Builder:
                 continue
             if key == "bias" and "memory" in failed:
                 continue  # whether a bias is needed depends on the memory, which is wrong itself
-            if key in ("memory", "bias") and not (key == "bias" and values.get("memory", S.Linear()).kind
-                                                  == "nonparametric"):
+            parametric = values.get("memory", S.Linear()).parametric
+            if key in ("memory", "bias") and not (key == "bias" and not parametric):
                 errors.append(self.err(model.children[0], f"model `{name_tok}` has no `{key}` field; add e.g. "
                                        f"`{key} = {'linear' if key == 'memory' else 'l2'}`"))
                 continue
             if key == "bias":
                 values[key] = S.L2()
-            elif values.get("memory", S.Linear()).kind == "nonparametric" and key == "learner":
+            elif not parametric and key == "learner":
                 values[key] = S.NonparametricLearner()
             else:
                 values[key] = S.FIELD_DEFAULTS[key]

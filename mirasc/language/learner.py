@@ -11,7 +11,7 @@ reads. A new learner is one class here, registered in LEARNERS.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import Field
 
@@ -21,6 +21,9 @@ from mirasc.language.form import GATE, Coef, Form
 class Learner(Form):
     momentum_buffer: ClassVar[bool] = False
     proximal: ClassVar[bool] = False
+
+    def hidden(self, param: str, value: Any) -> bool:
+        return param == "steps" and value == 1  # one inner step per token
 
 
 # Inner gradient steps per token (a multi-step learner, Gated DeltaProduct): the token's n (key, value) pairs are
@@ -77,6 +80,9 @@ class Precond(Learner):
     base: Annotated[float, Field(gt=1, le=1e6)] = 1.5          # atk: m ranges over (1/base, base)
     center: Annotated[float, Field(ge=-100, le=100)] = -0.2    # atk: log a at which m = 1
     eps: Annotated[float, Field(gt=0, le=1)] = 1e-6            # > 0: m(0) is finite (the statistic starts at 0)
+
+    def hidden(self, param: str, value: Any) -> bool:
+        return self.transform == "rms" and param in PRECOND_ATK_PARAMS  # (legality.py rejects them changed)
 
 
 # The atk-only parameters and their defaults (rejected with transform=rms unless left at them).

@@ -36,7 +36,7 @@ def _check_stickbreaking(spec: Spec) -> None:
 
 def check_combination(spec: Spec) -> None:
     """Reject design combinations that have no defined meaning, each with its reason (the first found)."""
-    if spec.memory.kind == "nonparametric" or spec.learner.kind == "nonparametric":
+    if not spec.parametric or spec.learner.kind == "nonparametric":
         _check_nonparametric(spec)
         return
     for check in PARAMETRIC_CHECKS:
@@ -46,7 +46,7 @@ def check_combination(spec: Spec) -> None:
 def _check_nonparametric(spec: Spec) -> None:
     """A nonparametric memory: the Nadaraya-Watson read of the l2 bias over every stored pair, and its variants."""
     m, b, r, l, par = spec.memory, spec.bias, spec.retention, spec.learner, spec.parallel
-    if m.kind != "nonparametric":
+    if m.parametric:
         raise Rejection("learner", "learner `nonparametric` needs `memory = nonparametric(...)`; "
                         "a parametric memory learns with gd, momentum or implicit")
     if l.kind != "nonparametric":
@@ -241,9 +241,9 @@ def _check_steps(spec: Spec) -> None:
                         "count either tokens (n pairs each, γ per token) or sub-steps, and neither is implemented; "
                         "use `window=1`, or `steps=1`", param="window")
     if spec.composite:
-        raise Rejection("learner", f"`steps=n` with `feature={spec.feature}`"
-                        f"{' and ' if spec.feature != 'identity' and spec.normalized else ''}"
-                        f"{'`normalize=true`' if spec.normalized else ''} is not supported: the op would have to map "
+        maps = ([f"`feature={spec.feature}`"] if spec.feature != "identity" else []) \
+            + (["`normalize=true`"] if spec.normalized else [])
+        raise Rejection("learner", f"`steps=n` with {' and '.join(maps)} is not supported: the op would have to map "
                         "each of a token's n keys (and keep the normaliser between sub-steps), which no kernel here "
                         "does; use `steps=1`, or `feature=poly` (part of the memory, which runs the sub-steps)",
                         param="steps")

@@ -36,6 +36,14 @@ from mirasc.language.learner import (  # noqa: F401
     NonparametricLearner,
     Precond,
 )
+from mirasc.language.memory import (  # noqa: F401
+    FEATURE_WIDTH,
+    MEMORIES,
+    MLP,
+    MLP_LAYER_DEFAULTS,
+    Linear,
+    Nonparametric,
+)
 from mirasc.language.retention import RETENTIONS, AnyRetention, Decay, NoRetention  # noqa: F401
 
 # Gate names are fixed by role (docs/language.md, "Gates"). Parameter name -> gate name.
@@ -59,62 +67,6 @@ COEF_RANGE = {
 UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
 
 
-# ----------------------------------------------------------------------------------- memory
-class Linear(Form):
-    """M(x) = W φ(x). `feature`: the map φ applied to keys and queries (identity; elu1 = elu(x) + 1; taylor =
-    1 ⊕ x ⊕ x⊗x/√2, Based's second-order Taylor kernel; hedgehog = softmax([U x + c, −(U x + c)]) with U, c learned
-    per head). `normalize`: the read divides by z_t·φ(q_t) + eps with the normaliser state z_t = the same update
-    applied to a constant value 1 (z_t = Σ φ(k_s) for linear attention): docs/semantics.md, "Feature maps and the
-    normaliser"."""
-
-    kind: Literal["linear"] = "linear"
-    feature: Literal["identity", "elu1", "taylor", "hedgehog", "poly"] = "identity"
-    degree: Annotated[int, Field(ge=1, le=4)] = 2  # p of feature=poly (Atlas' φ_p); unused by the other maps
-    normalize: bool = False
-    eps: Annotated[float, Field(ge=0, le=1)] = 1e-6
-
-
-# Feature widths Dφ of a key width D (docs/semantics.md, "Feature maps and the normaliser").
-FEATURE_WIDTH = {"identity": "D", "elu1": "D", "taylor": "1 + D + D(D+1)/2", "hedgehog": "2D",
-                 "poly": "1 + D + … + D^p"}
-
-
-class MLP(Form):
-    kind: Literal["mlp"] = "mlp"
-    depth: Annotated[int, Field(ge=1, le=16)] = 2
-    expansion: Annotated[int, Field(ge=1, le=64)] = 4
-    act: Literal["gelu", "silu", "relu", "tanh", "identity"] = "gelu"
-    residual: bool = True
-    norm: Literal["layernorm", "none"] = "layernorm"
-    feature: Literal["identity", "poly"] = "identity"   # poly: the first layer reads φ_p(x); the residual adds x
-    degree: Annotated[int, Field(ge=1, le=4)] = 2
-
-
-class Nonparametric(Form):
-    """Nadaraya–Watson memory: o_t = Σ_s κ(u_t, k_s) v_s / Σ_s κ(u_t, k_s) (docs/semantics.md); or, with
-    kernel=stickbreaking, the stick-breaking read o_t = Σ_s β_ts Π_{s<l<t}(1 − β_tl) v_s (Tan et al. 2024)."""
-
-    kind: Literal["nonparametric"] = "nonparametric"
-    kernel: Literal["softmax", "additive", "poly", "stickbreaking"] = "softmax"
-    scale: Annotated[float, Field(gt=0)] | None = None    # softmax/poly: κ uses scale·q·k; None: 1/sqrt(Dk)
-    degree: Annotated[int, Field(ge=2, le=8)] = 2          # poly: Σ_{i<=degree} (scale q·k)^i / i! (even)
-    window: Annotated[int, Field(ge=0)] = 0                # attend to the last `window` tokens (0: all)
-    causal: bool = True                                    # false: cross-attention over another sequence
-    hops: Annotated[int, Field(ge=1, le=16)] = 1           # MemN2N query refinement u^{h+1} = u^h + o^h
-    tying: Literal["adjacent", "layerwise"] = "adjacent"   # MemN2N weight tying across hops
-    temporal: Annotated[int, Field(ge=0, le=65536)] = 0    # MemN2N temporal encoding over this many positions
-    score_conv: tuple[Annotated[int, Field(ge=1, le=64)], Annotated[int, Field(ge=1, le=64)]] | None = None  # MTA
-    head_mix: Annotated[int, Field(ge=1, le=256)] = 1      # MTA head-mixing group size (1: off)
-    head_norm: bool = False                                # MTA per-head RMS norm with depth scaling
-    # stickbreaking only: where the stick left over, 1 − Σ_s w_ts, goes (nothing; the query's own value; a learned
-    # vector per head), and whether query t reads its own pair (false: the pairs stored before it, the paper's)
-    remainder: Literal["none", "current", "bias"] = "none"
-    attend_current: bool = False
-    # softmax only: an attention sink, a learned logit b_h per head in every read's denominator with no value
-    # (GPT-OSS's sinks, FLA's sink_bias): o_t = Σ_s e^{ℓ_ts} v_s / (e^{b_h} + Σ_s e^{ℓ_ts})
-    sink: bool = False
-
-
 # --------------------------------------------------------------------------------- parallel
 class Exact(Form):
     kind: Literal["exact"] = "exact"
@@ -127,11 +79,14 @@ class Minibatch(Form):
     # boundaries only, the published parallel form of Moneta (lq) and Memora (kl) (docs/semantics.md: chunk readouts)
     readout: Literal["token", "chunk"] = "token"
 
+    def hidden(self, param: str, value: Any) -> bool:
+        return param == "readout" and value == "token"
+
 
 # The vocabulary as data: field -> form name -> model class. Positional arguments bind to the
 # model's fields in declaration order (after `kind`).
 VOCABULARY: dict[str, dict[str, type[Form]]] = {
-    "memory": {"linear": Linear, "mlp": MLP, "nonparametric": Nonparametric},
+    "memory": MEMORIES,
     "bias": BIASES,
     "retention": RETENTIONS,
     "learner": LEARNERS,
@@ -185,21 +140,6 @@ class LayerOptions(Form):
     head_dim: Annotated[int, Field(ge=0, le=4096)] = 0     # 0: d_model // num_heads
 
 
-# Layer defaults that differ for MLP memories, each found by reading a run that failed (docs/training.md has the
-# mechanism and the measurements of each): a retention gate that decays an MLP memory shrinks the network that
-# computes every key's features, so α stays within [alpha_min, 1]; a channel-wise gate starts as the per-head gate
-# (gate_head_term); the gate projections train at a tenth of the outer learning rate (gate_lr), because under AdamW
-# a gate's pre-activation moves ~lr per weight per step and a failing seed's η saturated on every token within 150
-# steps; v is RMS-normalised (v_norm), the scale a LayerNorm'd read returns, so the outer loop cannot grow v until the
-# error passes the Huber threshold, where the update δ·sign(e) passes no gradient to v; the error then starts near
-# √(2·head_dim + 1) (≈ 8 at head_dim 32), so δ starts at softplus(12) ≈ 12; the keys' convolution tap one token
-# back starts at 0.5 (key_shift): recall needs the key written at a value to carry the token before it, and an MLP
-# memory's run sat on MQAR's loss plateau until its convolution had formed that key (a conv without that tap drops
-# it). A spec's own `layer { ... }` block wins.
-MLP_LAYER_DEFAULTS: dict[str, Any] = {"alpha_min": 0.999, "delta_bias": 12.0, "gate_head_term": True,
-                                      "gate_lr": 0.1, "key_shift": 0.5, "v_norm": "rms"}
-
-
 def params_of(cls: type[Form]) -> list[str]:
     return [name for name in cls.model_fields if name != "kind"]
 
@@ -233,25 +173,13 @@ class Spec(BaseModel):
         parametric read raw q, k unless the spec asks for qk_norm)."""
         out = {p: v for p, v in self.layer if p != "kind"}
         given = self.layer.model_fields_set
-        family = dict(MLP_LAYER_DEFAULTS) if self.memory.kind == "mlp" else {}
-        if family and self.memory.norm != "layernorm":
-            del family["v_norm"]  # the target scale of a LayerNorm'd read; an MLP without one has none to match
-        if family and out["conv"] < 2:
-            del family["key_shift"]  # a convolution without a tap one token back has nothing to shift
-        if not self.parametric:
-            # Unit-norm q and k with the 1/sqrt(Dk) scale cap the logits at ±1/sqrt(Dk): near-uniform attention.
-            family["qk_norm"] = "none"
-            # A forget gate starts near 1 (σ(5) ≈ 0.993: a pair keeps half its weight for ~100 tokens), so the
-            # memory starts as plain softmax attention and learns where to forget; like FoX's f = σ(W x + b), the
-            # gate is projected at full rank (one number per head: d_model·H weights, fewer than rank 16's).
-            if self.retention.kind == "decay":
-                family.update(alpha_bias=5.0, gate_rank=0)
+        family = self.memory.layer_family(out, self.retention)
         out.update({p: v for p, v in family.items() if p not in given})
         return out
 
     @property
     def parametric(self) -> bool:
-        return self.memory.kind != "nonparametric"
+        return self.memory.parametric
 
     def coefficients(self) -> dict[str, Coef]:
         """Gate name -> `gate`, `gate(k)`, `gate(v)` or constant, for every coefficient the spec uses."""
@@ -272,13 +200,12 @@ class Spec(BaseModel):
     def feature(self) -> str:
         """The key/query feature map the op applies around a linear memory (elu1, taylor, hedgehog; "identity"
         otherwise). `feature=poly` is not one of them: the memory itself reads φ_p(x) (`poly_degree`)."""
-        f = self.memory.feature if self.memory.kind == "linear" else "identity"
-        return "identity" if f == "poly" else f
+        return self.memory.op_feature
 
     @property
     def normalized(self) -> bool:
         """Whether the read divides by the normaliser z_t·φ(q_t) + eps."""
-        return self.memory.kind == "linear" and self.memory.normalize
+        return self.memory.normalized
 
     @property
     def composite(self) -> bool:
@@ -295,8 +222,7 @@ class Spec(BaseModel):
     def poly_degree(self) -> int:
         """Degree p of the memory's polynomial feature map φ_p (`feature=poly, degree=p`), or 0 when the memory
         reads its input as is."""
-        m = self.memory
-        return m.degree if getattr(m, "feature", "identity") == "poly" else 0
+        return self.memory.poly_degree
 
     @property
     def has_expressions(self) -> bool:
@@ -352,21 +278,11 @@ class Spec(BaseModel):
 
     @property
     def weights(self) -> tuple[str, ...]:
-        if self.memory.kind == "linear":
-            return ("W",)
-        if self.memory.kind == "mlp":
-            return tuple(f"W{i + 1}" for i in range(self.memory.depth))
-        return ()
+        return self.memory.weights
 
     def weight_dims(self) -> list[tuple[str, str]]:
-        """(rows, cols) of each weight in `weights`, as k = Dk, v = Dv, e = expansion·Dk (MLP hidden width)."""
-        m = self.memory
-        x = "f" if self.poly_degree else "k"  # the first layer reads φ_p(x), of width f = Σ_{i<=p} Dk^i
-        if m.kind == "linear" or (m.kind == "mlp" and m.depth == 1):
-            return [("v", x)]
-        if m.kind == "mlp":
-            return [("e", x)] + [("e", "e")] * (m.depth - 2) + [("v", "e")]
-        return []
+        """(rows, cols) of each weight in `weights` (language/memory.py: `Memory.weight_dims`)."""
+        return self.memory.weight_dims()
 
     def canonical(self) -> str:
         """Canonical spec text: every parameter written out, one field per line."""
@@ -382,22 +298,11 @@ class Spec(BaseModel):
 
 
 def form_text(form: Form) -> str:
-    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`; the exceptions are
-    `minibatch`'s `readout=token`, `l2`'s `read=key`/`erase=key`, a learner's `steps=1`, a bias's `window=1`/`gamma=1`
-    (no Omega rule), a memory's `feature=identity` (with `degree`, which only `feature=poly` reads) and `linear`'s
-    `normalize`/`eps` at their defaults and a nonparametric memory's `remainder`/`attend_current` unless
-    kernel=stickbreaking (§3), left out so that every spec written before them reads as before."""
-    args = [f"{p}={format_value(v)}" for p, v in form
-            if p != "kind" and v is not None and not (p == "readout" and v == "token")
-            and not (p in ("read", "erase") and v == "key") and not (p == "steps" and v == 1)
-            and not (p == "window" and v == 1) and not (p == "gamma" and v == 1.0)
-            and not (p == "feature" and v == "identity")
-            and not (p == "degree" and form.kind in ("linear", "mlp") and form.feature != "poly")
-            and not (form.kind == "linear" and p in ("normalize", "eps") and v == type(form).model_fields[p].default)
-            and not (form.kind == "precond" and form.transform == "rms" and p in PRECOND_ATK_PARAMS)
-            and not (form.kind == "nonparametric" and form.kernel != "stickbreaking"
-                     and p in ("remainder", "attend_current"))
-            and not (form.kind == "nonparametric" and p == "sink" and not v)]
+    """One form as spec text with every parameter written out, e.g. `lq(q=4, alpha=gate)`, except those the form
+    hides at their value (`Form.hidden`: parameters added after specs were written, at the value that keeps those
+    specs' meaning, such as `minibatch`'s `readout=token` or a learner's `steps=1`), so that every spec written
+    before them reads as before: the SPEC text of its module (docs/module-api.md) stays the same."""
+    args = [f"{p}={format_value(v)}" for p, v in form if p != "kind" and v is not None and not form.hidden(p, v)]
     return form.kind + (f"({', '.join(args)})" if args else "")
 
 

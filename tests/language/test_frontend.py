@@ -425,7 +425,15 @@ def test_canonical_round_trip(path):
     ("memory = linear", "bias = custom(loss = softplus(e) + softplus(-e))", "retention = lq(q=1.5)"),
     ("memory = nonparametric(scale=0.125)",),
     ("memory = nonparametric",),
-], ids=["mixed", "bregman-custom", "lp-kl", "softplus-lq", "nonparametric-scale", "nonparametric-default"])
+    # a window of one token: the Omega rule's `window=1` (no window) is a bias's default, not a memory's (0: all)
+    ("memory = nonparametric(kernel=softmax, window=1)",),
+    ("memory = mlp(feature=poly, degree=3)", "bias = l2(window=2, gamma=0.5)",
+     "parallel = minibatch(16, readout=token)"),
+    ("memory = linear(normalize=true, eps=0.001)", "bias = dot"),
+    ("memory = linear", "bias = l2", "learner = gd(steps=2)"),
+    ("memory = linear", "bias = l2", "learner = precond(transform=atk, base=2, center=0)"),
+], ids=["mixed", "bregman-custom", "lp-kl", "softplus-lq", "nonparametric-scale", "nonparametric-default",
+        "nonparametric-window-1", "poly-omega", "normalize", "steps", "precond-atk"])
 def test_canonical_round_trip_inline(fields):
     spec = parse_text(model(*fields))
     assert parse_text(spec.canonical()) == spec

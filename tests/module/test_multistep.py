@@ -358,7 +358,9 @@ def test_rejections_are_located(learner, parallel, match):
 
 @pytest.mark.parametrize("memory,bias,learner,line,match", [
     ("linear(feature=elu1)", "l2", "gd(lr=gate, steps=2)", 4, "feature=elu1"),
-    ("linear(feature=taylor, normalize=true)", "dot", "gd(lr=gate, steps=2)", 4, "normalize=true"),
+    ("linear(feature=taylor, normalize=true)", "dot", "gd(lr=gate, steps=2)", 4,
+     "`feature=taylor` and `normalize=true` is not"),
+    ("linear(normalize=true)", "dot", "gd(lr=gate, steps=2)", 4, "`steps=n` with `normalize=true` is not"),
     ("linear", "l2", "muon(lr=gate, theta=gate, steps=2)", 4, "muon\\(steps=n\\)` is not defined"),
     ("linear", "l2(window=3, gamma=gate)", "gd(lr=gate, steps=2)", 3, "Omega window"),
 ])
