@@ -4,14 +4,15 @@ refusals, `mirasc explain` and the tests read the `Plan`.
 
 A parametric memory has two torch algorithms: `recurrent` (always) and `chunked` where a chunk form computes the
 spec exactly (`chunk_form`). On Triton, the fused recurrent kernels print any spec the Atlas pieces allow, and at
-most one chunk-parallel family runs beside them: a chunked family (`chunk_family`) or else the mini-batch dual-form
-kernels (`minibatch_reason`). A nonparametric memory has the query-blocked torch read and, where it is exact, a
-flash-style Triton kernel.
+most one chunk-parallel family runs beside them: a chunked family (`CHUNK_FAMILIES`, each asked whether it covers
+the spec: `chunk_family_reason`) or else the mini-batch dual-form kernels (`minibatch_reason`). A nonparametric
+memory has the query-blocked torch read and, where it is exact, a flash-style Triton kernel.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import derive as D
@@ -46,6 +47,7 @@ class Plan:
     features: bool = False         # feature=poly, linear memory: the kernels run the plain memory on φ_p(q), φ_p(k)
     lq_scale: bool = False         # lq with readout=chunk: weight i's updates scaled by 1/n_i per chunk
     lq_on_chunks: bool = False     # ... as a per-chunk factor on η in the chunked kernels (no mini-batch kernel)
+    no_chunk_family: str = ""      # why no chunked family runs beside the recurrent kernels (where they run)
     kernels: Kernels | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -104,6 +106,8 @@ class Plan:
         s = self.summary()
         lines = [f"chunked algorithm: {s['chunked']}" + (f" ({self.no_chunk_form})" if not self.chunk_form else "")]
         lines.append(f"Triton kernels: {s['triton']}" + (f" ({self.no_triton})" if not self.triton else ""))
+        if self.triton and self.kernels is not None and self.chunk_family is None:
+            lines.append(f"chunked Triton family: none ({self.no_chunk_family})")
         if s["dots"]:
             lines.append(f"16-bit dots: {DOTS[s['dots']]}")
         if self.half_in_place:
@@ -147,15 +151,19 @@ def plan(spec: S.Spec, d: D.Derivation, forward: ir.Graph | None, grad: ir.Graph
     # lq: the per-weight scale is in the IR graphs, which the mini-batch kernels print; where those refuse (a decay
     # over key channels), a linear memory's chunked kernels take it as a per-chunk factor on η (one weight, n_c)
     lq_on_chunks = lq_scale and minibatch_reason(tri) is not None
-    family = (chunk_family(tri, kind) if (lq_on_chunks or not lq_scale) and not (chunk_readout and spec.window > 1)
-              else None)
+    family, no_family = chunk_family_reason(tri, kind)
+    if family is not None and lq_scale and not lq_on_chunks:
+        family, no_family = None, ("lq's chunk readout scales weight i's updates by 1/n_i, which the mini-batch "
+                                   "kernels take from the IR graphs they print")
+    elif family is not None and chunk_readout and spec.window > 1:
+        family, no_family = None, "readout=chunk with an Omega window"
     minibatch = family is None and minibatch_reason(tri) is None
     if chunk_readout and family is None and not minibatch:
         return Plan(triton=False, chunk_family=None, minibatch=False, lq_on_chunks=lq_on_chunks, no_triton=(
             f"readout=chunk (docs/semantics.md: chunk readouts) with {spec.retention.kind} retention runs on the "
             "decay form's chunk kernels, and there are none for this memory and learner"), **common)
     return Plan(triton=True, no_triton="", chunk_family=family, minibatch=minibatch, lq_on_chunks=lq_on_chunks,
-                **common)
+                no_chunk_family=no_family, **common)
 
 
 def _attention_plan(m: S.Nonparametric) -> Plan:
@@ -267,39 +275,66 @@ def recurrent_reason(spec: S.Spec, grad: ir.Graph) -> str:
     return "; ".join(whys)
 
 
-def chunk_family(spec: S.Spec, chunk_kind: str | None) -> str | None:
-    """Which chunked Triton kernel family computes this spec exactly (None: only the recurrent kernel).
+@dataclass(frozen=True)
+class ChunkFamily:
+    """A chunked Triton kernel family: its name, what it computes in words (its reason where it does not cover a
+    spec), and `covers(spec, chunk_kind)`, asked only of specs the chunked kernels take at all
+    (`chunk_kernels_reason`)."""
 
-    All four share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and
-    differ in the chunk-local preparation of Wk and U: "hebbian" (dot bias), "delta" (l2 bias, exact,
-    one triangular solve per chunk), "gdelta" (l2 with read=kappa / erase=kappa: the generalized delta
-    transition, one triangular solve per chunk; erase=kappa as two kernel rows per token), "minibatch" (l2 bias,
-    gradients at the chunk's anchor). "momentum" (l2 bias, momentum learner, gates per head) is not on the pair: its
-    own scans carry the state [W, S] (one triangular solve per chunk in the preparation).
+    name: str
+    needs: str
+    covers: Callable[[S.Spec, str | None], bool]
+
+
+# The chunked Triton families, in the order they are asked (the first that covers a spec runs it). All but momentum
+# share one kernel pair (W_t = e^{g_t} W_0 - Σ e^{g_t - g_s} u_s k_sᵀ, u = Wk W_0ᵀ - U) and differ in the
+# chunk-local preparation of Wk and U; momentum's own scans carry the state [W, S] (one triangular solve per chunk
+# in the preparation).
+CHUNK_FAMILIES = (
+    ChunkFamily("hebbian", "the dot bias with gd", lambda s, kind: s.bias.kind == "dot" and s.learner.kind == "gd"),
+    ChunkFamily("delta", "the delta chunk form (l2 bias, gd or implicit, parallel=exact; one triangular solve per "
+                "chunk)", lambda s, kind: s.bias.kind == "l2" and kind == "delta"),
+    ChunkFamily("gdelta", "the generalized delta transition (l2 with read=kappa or erase=kappa; erase as two kernel "
+                "rows per token)", lambda s, kind: kind == "gdelta"),
+    ChunkFamily("momentum", "the momentum delta chunk form (l2 bias, momentum, gates per head, parallel=exact)",
+                lambda s, kind: kind == "momentum_delta"),
+    ChunkFamily("minibatch", "l2 bias with gd under parallel=minibatch(C) (gradients at the chunk's anchor)",
+                lambda s, kind: s.bias.kind == "l2" and s.parallel.kind == "minibatch" and s.learner.kind == "gd"),
+)
+
+
+def chunk_kernels_reason(spec: S.Spec) -> str:
+    """Why no chunked Triton family can take this spec, whatever its bias and learner ("" where one may).
     Channel-wise gates (docs/semantics.md: channel-wise gates): a decay over key channels (alpha=gate(k)) selects the
     kernels that take g per key channel, and lr=gate(k) only scales the written key (folded into the preparation),
-    for every family (the mini-batch family's gradients at the anchor need no coupling, so its preparation is the
-    same with either). Value-side gates (alpha=gate(v), lr=gate(v)) and channel-wise θ run on the recurrent kernel
-    only."""
+    for every family; value-side gates and channel-wise θ run on the recurrent kernel only."""
     m, b, r, l = spec.memory, spec.bias, spec.retention, spec.learner
-    if m.kind != "linear" or not r.linear:
-        return None
+    if m.kind != "linear":
+        return f"the chunked kernels run a linear memory's rank-1 updates; this memory is {m.kind}"
+    if not r.linear:
+        return f"{r.kind} retention reads the memory through a map of its accumulator"
     if spec.window > 1 and not (l.kind == "gd" and (b.kind == "dot" or spec.parallel.kind == "minibatch")
                                 and not spec.channel_gates):
-        return None  # the Omega rule as c kernel rows per token needs gradients that do not move within a token
-    if any(side and (name, side) not in (("alpha", "k"), ("eta", "k")) for name, side in spec.gate_channels().items()):
-        return None  # value-side gates: the recurrent kernel only
-    if b.kind == "dot" and l.kind == "gd":
-        return "hebbian"
-    if b.kind == "l2" and chunk_kind == "delta":
-        return "delta"
-    if chunk_kind == "gdelta":  # validated: gd, none/decay, gates per head or over key channels, exact
-        return "gdelta"
-    if chunk_kind == "momentum_delta":  # l2, momentum, none/decay, gates per head (chunk_form)
-        return "momentum"
-    if b.kind == "l2" and spec.parallel.kind == "minibatch" and l.kind == "gd":
-        return "minibatch"
-    return None
+        # the Omega rule as c kernel rows per token needs gradients that do not move within a token
+        return ("the Omega rule runs on them as c kernel rows per token only with gradients that do not move within "
+                "a token (gd with the dot bias or under minibatch(C), gates per head)")
+    value_side = sorted(name for name, side in spec.gate_channels().items()
+                        if side and (name, side) not in (("alpha", "k"), ("eta", "k")))
+    if value_side:
+        return f"the channel-wise {', '.join(value_side)} runs on the recurrent kernel only"
+    return ""
+
+
+def chunk_family_reason(spec: S.Spec, chunk_kind: str | None) -> tuple[str | None, str]:
+    """The chunked Triton family that computes this spec exactly (the first of CHUNK_FAMILIES that covers it), or None
+    and why none does."""
+    why = chunk_kernels_reason(spec)
+    if why:
+        return None, why
+    for family in CHUNK_FAMILIES:
+        if family.covers(spec, chunk_kind):
+            return family.name, ""
+    return None, "the chunked families compute " + "; ".join(f.needs for f in CHUNK_FAMILIES)
 
 
 def one_chunk_op(spec: S.Spec, family: str) -> bool:

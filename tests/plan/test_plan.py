@@ -74,6 +74,7 @@ def test_the_plan_of_a_bundled_spec(name):
     # a reason exactly where a path is absent
     assert bool(plan.no_chunk_form) == (plan.chunk_form is None)
     assert bool(plan.no_triton) == (not plan.triton)
+    assert bool(plan.no_chunk_family) == (plan.triton and c.spec.parametric and plan.chunk_family is None)
     assert not (plan.minibatch and plan.chunk_family)
     # the emitted module says the same
     if plan.chunk_form is None:
@@ -107,6 +108,44 @@ def test_describe_gives_every_reason():
                      "16-bit q, k, v: read in place by one op (as the [B, T, H, D] tensors given, T a whole number "
                      "of chunks)"]
     assert not any(line.startswith("16-bit q, k, v") for line in compiled("titans").plan.describe())
+
+
+def model(*fields: str) -> str:
+    return "model m {\n" + "".join(f"    {f}\n" for f in fields) + "}\n"
+
+
+@pytest.mark.parametrize("fields, reason", [
+    (("memory = mlp", "bias = l2", "learner = gd(lr=gate)", "parallel = minibatch(16)"),
+     "the chunked kernels run a linear memory's rank-1 updates; this memory is mlp"),
+    (("memory = linear", "bias = l2", "retention = decay(alpha=gate(v))", "learner = gd(lr=gate)"),
+     "the channel-wise alpha runs on the recurrent kernel only"),
+    (("memory = linear", "bias = huber", "retention = decay(alpha=gate)", "learner = gd(lr=gate)"),
+     "the chunked families compute the dot bias with gd; the delta chunk form"),
+    (("memory = linear", "bias = l2(window=4, gamma=gate)", "learner = gd(lr=gate)"),
+     "the Omega rule runs on them as c kernel rows per token only with gradients that do not move"),
+    (("memory = linear", "bias = l2", "retention = lq(q=4, alpha=gate)", "learner = gd(lr=gate)",
+      "parallel = minibatch(16, readout=chunk)"), "lq's chunk readout scales weight i's updates by 1/n_i"),
+], ids=["mlp", "value-side", "huber", "omega-exact", "lq-chunk"])
+def test_the_plan_says_why_no_chunked_family_runs(fields, reason):
+    """Each chunked family is asked whether it covers the spec; where none does the Plan says why, and `mirasc
+    explain` prints it."""
+    plan = compile_parts(model(*fields)).plan
+    assert plan.triton and plan.chunk_family is None
+    assert plan.no_chunk_family.startswith(reason)
+    assert f"chunked Triton family: none ({plan.no_chunk_family})" in plan.describe()
+
+
+@pytest.mark.parametrize("name", sorted(BUNDLED))
+def test_at_most_one_chunked_family_covers_a_spec(name):
+    """The families are disjoint, so the order they are asked in is not a choice the Plan makes silently."""
+    from mirasc.plan import CHUNK_FAMILIES, chunk_kernels_reason
+
+    plan = compiled(name).plan
+    if plan.kernels is None or chunk_kernels_reason(plan.kernels.spec):
+        return
+    covering = [f.name for f in CHUNK_FAMILIES if f.covers(plan.kernels.spec, plan.chunk_form)]
+    assert len(covering) <= 1, covering
+    assert plan.chunk_family in (None, *covering)
 
 
 def test_a_feature_map_splits_the_fp32_operands_on_every_chunk_family():
