@@ -48,6 +48,8 @@ class Plan:
     lq_scale: bool = False         # lq with readout=chunk: weight i's updates scaled by 1/n_i per chunk
     lq_on_chunks: bool = False     # ... as a per-chunk factor on η in the chunked kernels (no mini-batch kernel)
     no_chunk_family: str = ""      # why no chunked family runs beside the recurrent kernels (where they run)
+    v_tiles: bool = False          # the recurrent kernels split the memory's value rows over programs (BV rows each)
+    no_v_tiles: str = ""           # why one program holds a (batch, head)'s whole state (where the kernels run)
     kernels: Kernels | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -83,7 +85,8 @@ class Plan:
 
     def without_triton(self, reason: str) -> Plan:
         """The plan when the kernels cannot be printed after all (a function without a Triton equivalent)."""
-        return dataclasses.replace(self, triton=False, no_triton=reason, chunk_family=None, minibatch=False)
+        return dataclasses.replace(self, triton=False, no_triton=reason, chunk_family=None, minibatch=False,
+                                   no_chunk_family="", v_tiles=False, no_v_tiles="")
 
     def summary(self) -> dict[str, str]:
         """The decisions in short words (a bundled spec's row in tests/plan/test_plan.py): the torch chunked form, the
@@ -108,6 +111,9 @@ class Plan:
         lines.append(f"Triton kernels: {s['triton']}" + (f" ({self.no_triton})" if not self.triton else ""))
         if self.triton and self.kernels is not None and self.chunk_family is None:
             lines.append(f"chunked Triton family: none ({self.no_chunk_family})")
+        if self.triton and self.kernels is not None and not self.chunk_readout:
+            lines.append("recurrent kernels: " + ("the value rows split over programs, BV rows each" if self.v_tiles
+                                                  else f"one program per (batch, head) ({self.no_v_tiles})"))
         if s["dots"]:
             lines.append(f"16-bit dots: {DOTS[s['dots']]}")
         if self.half_in_place:
@@ -162,8 +168,9 @@ def plan(spec: S.Spec, d: D.Derivation, forward: ir.Graph | None, grad: ir.Graph
         return Plan(triton=False, chunk_family=None, minibatch=False, lq_on_chunks=lq_on_chunks, no_triton=(
             f"readout=chunk (docs/semantics.md: chunk readouts) with {spec.retention.kind} retention runs on the "
             "decay form's chunk kernels, and there are none for this memory and learner"), **common)
+    coupled = v_tile_reason(tri, kernels.forward, kernels.grad)
     return Plan(triton=True, no_triton="", chunk_family=family, minibatch=minibatch, lq_on_chunks=lq_on_chunks,
-                no_chunk_family=no_family, **common)
+                no_chunk_family=no_family, v_tiles=coupled is None, no_v_tiles=coupled or "", **common)
 
 
 def _attention_plan(m: S.Nonparametric) -> Plan:
@@ -234,6 +241,51 @@ def chunk_form(spec: S.Spec, grad_graph: ir.Graph) -> tuple[str | None, str]:
 
 
 # ------------------------------------------------------------------------------------------- Triton kernels
+# V tiles: which specs' recurrent kernels split the value rows of the memory over programs
+_REDUCTIONS = ("rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd", "layernorm_bwd2")
+
+
+def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None:
+    """None when the recurrent kernels may split the value rows of the memory over programs (grid
+    (cdiv(Dv, BV), B·H), each program owning BV rows of W and of its accumulator, momentum and anchor):
+    every row's update and read depend only on that row and the token. Else the coupling, as a reason."""
+    m, b, r = spec.memory, spec.bias, spec.retention
+    if m.kind != "linear":
+        return "an MLP memory couples every weight (LayerNorm, hidden layer)"
+    if r.kind == "lq":
+        return "lq retention normalises by the q-norm of the whole matrix"
+    if b.reads_error_norm:  # (Yaad's Huber mixture)
+        return f"{b.kind}(mode={b.mode}) switches on the norm of the whole error vector"
+    for gr in (forward, grad):  # a reduction over the rows (dimension v) that feeds a computation couples them
+        dims = _dims(gr, spec.weight_dims())
+        for nid in gr.order():
+            op = gr.node(nid)
+            if op.op in _REDUCTIONS and dims[gr.srcs(nid)[0]] == "v" and \
+                    any(gr.node(c).op != "output" for c in gr.consumers(nid)):
+                return f"the {gr.title} graph reduces over the value rows ({op.op})"
+    return None
+
+
+def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
+    """The dimension name (k, v, e; s for a per-token scalar, w for a weight) of each node of a graph."""
+    dims: dict[int, str] = {}
+    for nid in gr.order():
+        op, srcs = gr.node(nid), gr.srcs(nid)
+        if op.op == "input":
+            dims[nid] = {"k": "k", "x": "k", "v": "v", **S.EXTRA_INPUTS}.get(op.arg, "s")
+        elif op.op == "weight":
+            dims[nid] = "w"
+        elif op.op in ("linear", "layer"):
+            dims[nid] = wdims[op.arg][0]
+        elif op.op == "linear_t":
+            dims[nid] = wdims[op.arg][1]
+        elif op.op in ("rownorm", "rowsumsq", "rowsum"):
+            dims[nid] = "s"
+        else:
+            dims[nid] = next((dims[x] for x in srcs if dims[x] not in ("s", "w")), "s")
+    return dims
+
+
 def feature_spec(spec: S.Spec) -> S.Spec | None:
     """feature=poly on a linear memory: the plain linear memory the Triton kernels run on φ_p(q), φ_p(k) (mapped
     in torch before every launch; the kernels' key width is φ_p's), under its own name; else None."""

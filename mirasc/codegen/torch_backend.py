@@ -383,7 +383,8 @@ def _triton_sections(spec: S.Spec, the_plan: Plan, coef_order: list[str]) -> tup
         tri_grad = _scaled_factors(k.grad)
         tri_coefs = coef_order + [f"lqs{i}" for i in range(len(spec.weights))]
     try:
-        section = triton_backend.emit(k.spec, k.d, k.forward, tri_grad, tri_coefs, the_plan.features)
+        section = triton_backend.emit(k.spec, k.d, k.forward, tri_grad, tri_coefs, the_plan.no_v_tiles,
+                                      the_plan.features)
     except triton_backend.Unsupported as err:
         return "", the_plan.without_triton(str(err))
     if the_plan.chunk_family is not None:

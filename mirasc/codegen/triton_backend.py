@@ -14,7 +14,7 @@ print it (one per kernel family; see docs/kernels.md, "How to add a kernel famil
 
 Fused recurrent kernels, for every parametric spec, printed from the same IR graphs
 and derivation as the torch module. Where every value row of a linear memory updates on its own
-(`v_tile_reason` is None: l2/dot/lp/huber/custom biases, none/decay/elastic/bregman/kl retention — kl's
+(the Plan's `v_tiles`, mirasc/plan.py: l2/dot/lp/huber/custom biases, none/decay/elastic/bregman/kl retention — kl's
 softmax runs along each row — gd/implicit/momentum learners), the grid is (cdiv(Dv, BV), B·H) like FLA's
 fused_recurrent: each program owns BV rows of the weights (and of accumulators, momentum and anchor) with
 all of K, so the state held in registers is [BV, BK] per tile; dq, dk and the gates' gradients, which sum
@@ -58,7 +58,6 @@ from .triton_recurrent import (
     BWD_SEGMENT,
     batched_factors,
     live_tiles,
-    v_tile_reason,
     vector_coefficients,
     widx,
 )
@@ -69,12 +68,13 @@ SECTION = (Path(__file__).parent / "templates" / "triton_recurrent.py.tmpl").rea
 
 
 def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
-         features: bool = False) -> str:
+         no_v_tiles: str, features: bool = False) -> str:
     """Source of the Triton section of an emitted module, for a spec the Plan gives the kernels (mirasc.plan); raises
-    Unsupported with the reason where a function has no Triton equivalent. `features`: `spec` is a feature=poly
-    linear memory's plain copy, run on φ_p(q), φ_p(k) (mirasc.plan.feature_spec)."""
+    Unsupported with the reason where a function has no Triton equivalent. `no_v_tiles`: the Plan's reason the
+    kernels keep one program per (batch, head), "" where they split the value rows. `features`: `spec` is a
+    feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k) (mirasc.plan.feature_spec)."""
     try:
-        return _emit(spec, d, forward, grad, coef_order, features)
+        return _emit(spec, d, forward, grad, coef_order, no_v_tiles, features)
     except NotImplementedError as err:
         raise Unsupported(f"{err}") from None
 
@@ -90,7 +90,7 @@ def _bwd_note(why_not: str) -> str:
     return "\n".join("# " + line for line in textwrap.wrap(text, 110))
 
 
-def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
+def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str], no_v_tiles: str,
           features: bool = False) -> str:
     """The recurrent kernels (the backward where every piece has a reverse) in the host-side template."""
     kernel = emit_forward(spec, d, forward, grad, coef_order)
@@ -103,7 +103,6 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         if spec.window > 1:  # (the recomputing backward does not take the window sequences)
             raise Unsupported(f"the Omega rule needs the generated backward, and it has none here: {err}") from None
         why_not = str(err)
-    v_reason = v_tile_reason(spec, forward, grad)
     subs = {
         "KERNEL": kernel, "COEF_ORDER": repr(tuple(coef_order)), "VECTOR_COEFS": repr(vector_coefficients(spec)),
         "STORE_ACC": repr(spec.retention.keeps_accumulator), "MOMENTUM": repr(spec.learner.kind == "momentum"),
@@ -111,7 +110,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "BWD_STATE": repr(tuple(bwd_state)), "BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
         "BWD_SEGMENT": str(BWD_SEGMENT), "FACTOR_BLOCK": str(batched_factors(spec)),
         "FACTOR_DIMS": repr(tuple(spec.weight_dims())), "BWD_NOTE": _bwd_note(why_not),
-        "V_TILES": repr(v_reason is None), "V_TILE_REASON": v_reason or "",
+        "V_TILES": repr(not no_v_tiles), "V_TILE_REASON": no_v_tiles,
         "TILES_FWD": str(live_tiles(spec, False)), "TILES_BWD": str(live_tiles(spec, True)),
         "TRITON_FEATURES": repr(features),
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),

@@ -43,52 +43,6 @@ def vector_coefficients(spec: S.Spec) -> dict[str, str]:
     return out
 
 
-# ---- V tiles: which specs' recurrent kernels split the rows of the memory over programs
-
-_REDUCTIONS = ("rownorm", "rowsumsq", "rowsum", "layernorm", "layernorm_bwd", "layernorm_bwd2")
-
-
-def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None:
-    """None when the recurrent kernels may split the value rows of the memory over programs (grid
-    (cdiv(Dv, BV), B·H), each program owning BV rows of W and of its accumulator, momentum and anchor):
-    every row's update and read depend only on that row and the token. Else the coupling, as a reason."""
-    m, b, r = spec.memory, spec.bias, spec.retention
-    if m.kind != "linear":
-        return "an MLP memory couples every weight (LayerNorm, hidden layer)"
-    if r.kind == "lq":
-        return "lq retention normalises by the q-norm of the whole matrix"
-    if b.reads_error_norm:  # (Yaad's Huber mixture)
-        return f"{b.kind}(mode={b.mode}) switches on the norm of the whole error vector"
-    for gr in (forward, grad):  # a reduction over the rows (dimension v) that feeds a computation couples them
-        dims = _dims(gr, spec.weight_dims())
-        for nid in gr.order():
-            op = gr.node(nid)
-            if op.op in _REDUCTIONS and dims[gr.srcs(nid)[0]] == "v" and \
-                    any(gr.node(c).op != "output" for c in gr.consumers(nid)):
-                return f"the {gr.title} graph reduces over the value rows ({op.op})"
-    return None
-
-
-def _dims(gr: ir.Graph, wdims) -> dict[int, str]:
-    """The dimension name (k, v, e; s for a per-token scalar, w for a weight) of each node of a graph."""
-    dims: dict[int, str] = {}
-    for nid in gr.order():
-        op, srcs = gr.node(nid), gr.srcs(nid)
-        if op.op == "input":
-            dims[nid] = {"k": "k", "x": "k", "v": "v", **S.EXTRA_INPUTS}.get(op.arg, "s")
-        elif op.op == "weight":
-            dims[nid] = "w"
-        elif op.op in ("linear", "layer"):
-            dims[nid] = wdims[op.arg][0]
-        elif op.op == "linear_t":
-            dims[nid] = wdims[op.arg][1]
-        elif op.op in ("rownorm", "rowsumsq", "rowsum"):
-            dims[nid] = "s"
-        else:
-            dims[nid] = next((dims[x] for x in srcs if dims[x] not in ("s", "w")), "s")
-    return dims
-
-
 # ---- the program, its state and its token
 
 def program_ids() -> list[str]:

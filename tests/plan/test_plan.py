@@ -75,6 +75,9 @@ def test_the_plan_of_a_bundled_spec(name):
     assert bool(plan.no_chunk_form) == (plan.chunk_form is None)
     assert bool(plan.no_triton) == (not plan.triton)
     assert bool(plan.no_chunk_family) == (plan.triton and c.spec.parametric and plan.chunk_family is None)
+    assert bool(plan.no_v_tiles) == (plan.triton and c.spec.parametric and not plan.v_tiles)
+    if plan.triton and c.spec.parametric:  # the emitted recurrent kernels tile as the Plan says
+        assert f"_V_TILES = {plan.v_tiles}" in c.source
     assert not (plan.minibatch and plan.chunk_family)
     # the emitted module says the same
     if plan.chunk_form is None:
@@ -104,6 +107,7 @@ def test_describe_gives_every_reason():
     assert lines[1].startswith("Triton kernels: none (") and "Newton–Schulz" in lines[1]
     lines = compiled("gated_deltanet").plan.describe()
     assert lines == ["chunked algorithm: delta", "Triton kernels: recurrent + chunked delta",
+                     "recurrent kernels: the value rows split over programs, BV rows each",
                      "16-bit dots: 16-bit operands on the tensor cores, fp32 accumulation",
                      "16-bit q, k, v: read in place by one op (as the [B, T, H, D] tensors given, T a whole number "
                      "of chunks)"]
