@@ -40,7 +40,7 @@ DEFAULTS = {
     "force": False, "quiet": False, "state_budget": None, "top": 10, "device": "cpu",
     # search (mirasc.lab.search, with Optuna): used when a sampler or a study is given
     "sampler": None, "trials": None, "workers": 1, "study": None, "study_name": "explore", "pruner": None,
-    "eval_every": None, "search_lr": None, "search_layer": {}, "heartbeat": 60,
+    "eval_every": None, "search_lr": None, "search_layer": {}, "heartbeat": 60, "per_design": None,
 }
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "halving", "hyperband", "median")
@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sample the outer learning rate log-uniformly in [LO, HI] (or a list: A,B,C)")
     sg.add_argument("--search-layer", nargs="+", default=None, metavar="KEY=LO:HI|A,B",
                    help="sample Layer options: an int or float range LO:HI, or a list A,B,C")
+    sg.add_argument("--per-design", type=int, default=None, metavar="N",
+                   help="trials one design (its axes' values) trains at most in the study; further proposals of it "
+                        "are not trained and do not count (default 3 for tpe and random, 0 = no limit for grid)")
     sg.add_argument("--heartbeat", type=int, default=None, metavar="SECONDS",
                    help="database storages: a worker silent for 2x this long has crashed; its trial is rerun "
                         "(default 60)")
@@ -215,6 +218,8 @@ def resolve(args: argparse.Namespace) -> dict:
         raise UsageError("trials must be >= 0 (0: only write the leaderboard of the study)")
     if opts["eval_every"] is not None and int(opts["eval_every"]) < 1:
         raise UsageError("eval_every must be >= 1")
+    if opts["per_design"] is not None and int(opts["per_design"]) < 0:
+        raise UsageError("per_design must be >= 0 (0: no limit)")
     for name, k in opts["knobs"].items():
         if opts["sampler"] == "grid" and k.kind != "choice":
             raise UsageError(f"the grid sampler needs a list of values for {name}, not a range (A,B,C)")

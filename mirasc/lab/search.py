@@ -30,7 +30,8 @@ from .cells import UsageError
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
 MAX_RETRY = 3
-MAX_ATTEMPTS = 50          # sampled trials per counted (legal) one before a worker gives up
+MAX_ATTEMPTS = 50          # sampled trials per counted (legal, new) one before a worker gives up
+PER_DESIGN = 3             # trials one design trains at most under tpe and random (--per-design)
 
 
 def _optuna():
@@ -103,6 +104,15 @@ def eval_every(opts: dict) -> int | None:
     if pruner_name(opts) == "none" and not opts["eval_every"]:
         return None
     return int(opts["eval_every"] or max(1, opts["steps"] // 5))
+
+
+def per_design(opts: dict) -> int:
+    """The most trials one design trains in the study (0: no limit). A sampler that keeps proposing the design it
+    believes best with a new value of a knob (TPE does, over categorical axes) would otherwise spend the study on one
+    cell: a repeated proposal is pruned at once, untrained, and TPE reads it as a poor result there."""
+    if opts.get("per_design") is not None:
+        return int(opts["per_design"])
+    return 0 if opts["sampler"] == "grid" else PER_DESIGN
 
 
 def pruner_name(opts: dict) -> str:
@@ -206,7 +216,7 @@ class Objective:
     def __init__(self, opts: dict, worker: int = 0):
         self.opts, self.worker = opts, worker
         self.every = eval_every(opts)
-        self.illegal = False       # whether the last trial was an illegal combination
+        self.illegal = False       # whether the last trial was an illegal combination or a design tried enough
 
     def candidate(self, trial):
         import mirasc
@@ -267,12 +277,18 @@ class Objective:
             trial.set_user_attr("label", _label(cand.label, values))
             raise optuna.TrialPruned(f"illegal: {reason}")
         cand.label = _label(cand.label, values)
+        reference = trial.user_attrs.get("reference")
+        tried = 0 if reference else self.tried(trial, cand.canonical, optuna)
+        if tried:
+            self.illegal = True  # (it takes no time and does not count)
+            trial.set_user_attr("repeat", tried)
+            trial.set_user_attr("label", cand.label)
+            raise optuna.TrialPruned(f"the design has {tried} trials already")
         budget = C.budget_of(copts)
         design = C.design_key(cand.canonical, opts["task"], opts["task_config"], budget)
         for name, value in (("label", cand.label), ("design", design), ("spec", cand.canonical),
                             ("head_dim", copts["layer"].get("head_dim") or opts["d_model"] // opts["heads"])):
             trial.set_user_attr(name, value)
-        reference = trial.user_attrs.get("reference")
         for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             if t.user_attrs.get("design") == design and t.number != trial.number:
                 trial.set_user_attr("same_as", t.number)
@@ -317,6 +333,18 @@ class Objective:
                 self._report(trial, optuna, acc, (i + 1) * steps, seed, steps, reference)
         return statistics.fmean(c["accuracy"][str(c["train_length"])] for c in cells)
 
+    def tried(self, trial, canonical: str, optuna) -> int:
+        """The trials (complete, pruned on their curve or running) the design of spec text `canonical` has had, where
+        that reaches the --per-design limit; else 0."""
+        limit = per_design(self.opts)
+        if not limit:
+            return 0
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
+        n = sum(1 for t in trial.study.get_trials(deepcopy=False, states=states)
+                if t.number != trial.number and t.user_attrs.get("spec") == canonical
+                and "illegal" not in t.user_attrs and "repeat" not in t.user_attrs)
+        return n if n >= limit else 0
+
     def _report(self, trial, optuna, acc: float, index: int, seed: int, step: int, reference) -> None:
         trial.report(acc, index)
         if not reference and trial.should_prune():
@@ -336,6 +364,9 @@ def _announce(study, trial) -> None:
     elif trial.state.name == "PRUNED":
         if "illegal" in a:
             print(f"trial {trial.number}: {label}: illegal: {a['illegal']}", flush=True)
+        elif "repeat" in a:
+            print(f"trial {trial.number}: {label}: not trained: its design has had {a['repeat']} trials "
+                  "(--per-design)", flush=True)
         else:
             at = a.get("pruned_at", {})
             print(f"trial {trial.number}: {label}: pruned at step {at.get('step')} of seed {at.get('seed')} "
@@ -420,8 +451,9 @@ def work(opts: dict, n_trials: int | None, worker: int = 0) -> int:
             if opts["sampler"] == "grid" and not _grid_left(study):
                 break
             if attempts >= MAX_ATTEMPTS * n_trials:
-                print(f"worker {worker}: {attempts} trials sampled, only {counted} legal: stopping (the axes given "
-                      "have few legal combinations; narrow them or use the grid sampler)", file=sys.stderr)
+                print(f"worker {worker}: {attempts} trials sampled, only {counted} legal and new: stopping (the axes "
+                      "given have few legal combinations, or every one has had --per-design trials; widen them, or "
+                      "use the grid sampler)", file=sys.stderr)
                 break
             study.optimize(objective, n_trials=1, callbacks=[_announce], catch=(Exception,))
             attempts += 1
@@ -541,7 +573,7 @@ def study_cells(study) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
         elif t.state == TrialState.PRUNED and "illegal" in a:
             illegal.setdefault(a.get("label", "?"), {"label": a.get("label", "?"), "reason": a["illegal"],
                                                       "trials": []})["trials"].append(t.number)
-        elif t.state == TrialState.PRUNED:
+        elif t.state == TrialState.PRUNED and "repeat" not in a:
             pruned.append({"trial": t.number, "label": a.get("label"), **a.get("pruned_at", {}),
                            "state_bytes": a.get("state_bytes")})
         elif t.state == TrialState.FAIL and not a.get("interrupted"):
@@ -583,7 +615,8 @@ def summarize(study, opts: dict, before: dict, dropped: list[dict]) -> int:
     if "unavailable" not in imp:
         print("parameter importance (Optuna): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()))
     new = {s: after[s] - before[s] for s in TrialState}
-    print(f"this run: {new[TrialState.COMPLETE]} complete, {new[TrialState.PRUNED]} pruned (illegal ones included), "
+    print(f"this run: {new[TrialState.COMPLETE]} complete, {new[TrialState.PRUNED]} pruned (illegal and repeated "
+          "designs included), "
           f"{new[TrialState.FAIL]} failed; the study: {after[TrialState.COMPLETE]} complete, "
           f"{after[TrialState.PRUNED]} pruned ({len(illegal)} illegal design(s)), {after[TrialState.FAIL]} failed; "
           "wrote " + ", ".join(str(p) for p in written))

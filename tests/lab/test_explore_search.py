@@ -151,6 +151,33 @@ def test_illegal_combinations_do_not_count_as_trials(tmp_path, capsys):
     assert sum("same_as" in t.user_attrs for t in trials) == 2
 
 
+def test_a_design_trains_at_most_per_design_trials(tmp_path, capsys, monkeypatch):
+    """TPE proposes the design it believes best again and again with a new learning rate: after --per-design trials
+    of one design its further proposals are pruned untrained and do not count, and a worker that finds nothing new
+    stops with the reason."""
+    monkeypatch.setattr(search, "MAX_ATTEMPTS", 3)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = ["--memory", "linear", "--learner", "gd"] + ONE + [
+        "--steps", "2", "--out", str(tmp_path / "run"), "--sampler", "tpe", "--search-lr", "1e-3:1e-2",
+        "--per-design", "2", "--trials", "2", "--study", url]
+    assert explore.main(argv) == 0
+    assert _states(_study(url)) == ["COMPLETE", "COMPLETE"]
+    assert explore.main(argv[:-4] + ["--trials", "1", "--study", url]) == 0
+    captured = capsys.readouterr()
+    trials = _study(url).get_trials()
+    repeats = [t for t in trials if "repeat" in t.user_attrs]
+    assert len(trials) == 2 + 3 and len(repeats) == 3
+    assert all(t.state.name == "PRUNED" and t.user_attrs["repeat"] == 2 and not t.intermediate_values
+               for t in repeats)
+    assert captured.out.count("not trained: its design has had 2 trials (--per-design)") == 3
+    assert "only 0 legal and new: stopping" in captured.err
+    doc = json.loads((tmp_path / "run" / "leaderboard.json").read_text())
+    assert doc["pruned"] == []  # (a repeated proposal was never trained: not a trial pruned on its curve)
+    assert search.per_design({"sampler": "grid"}) == 0 and search.per_design({"sampler": "tpe"}) == 3
+    assert explore.main(["--memory", "linear", "--sampler", "tpe", "--per-design", "-1"]) == 2
+    assert "per_design must be >= 0" in capsys.readouterr().err
+
+
 def test_two_invocations_and_two_workers_add_to_one_study(tmp_path, capsys):
     """Two worker processes on a SQLite study, then a second invocation on the same study with another sampler:
     the trials add up; every row has its state size, parameters and time per step; reference specs are fixed
