@@ -436,14 +436,25 @@ def _export_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(fn=cmd_export)
 
 
+def _size(text: str) -> int:
+    """An argument that is a size: an integer >= 1 (argparse reports anything else as the argument's error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"a size must be >= 1, got {value}")
+    return value
+
+
 def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="+")
     p.add_argument("--target", default="sm_90", choices=["sm_80", "sm_86", "sm_89", "sm_90", "sm_100"])
-    p.add_argument("--dk", type=int, default=64, help="key head size (default 64)")
-    p.add_argument("--dv", type=int, default=None, help="value head size (default: --dk)")
+    p.add_argument("--dk", type=_size, default=64, help="key head size (default 64)")
+    p.add_argument("--dv", type=_size, default=None, help="value head size (default: --dk)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--chunk", type=int, default=None, help="chunk_size for specs whose chunk is a schedule choice")
-    p.add_argument("--length", type=int, default=256, help="sequence length of the traced call (default 256)")
+    p.add_argument("--chunk", type=_size, default=None, help="chunk_size for specs whose chunk is a schedule choice")
+    p.add_argument("--length", type=_size, default=256, help="sequence length of the traced call (default 256)")
     p.add_argument("--algorithm", choices=["chunked", "recurrent"], action="append", default=None,
                    help="trace only this algorithm (repeatable; default: every algorithm the spec has)")
     p.add_argument("--all", action="store_true", help="one line per compiled configuration, not per kernel")

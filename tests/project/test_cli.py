@@ -289,6 +289,22 @@ def test_demo_bad_sizes_exit_2(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["--dk", "0"], "argument --dk: a size must be >= 1, got 0"),
+    (["--dv", "-4"], "argument --dv: a size must be >= 1, got -4"),
+    (["--length", "0"], "argument --length: a size must be >= 1, got 0"),
+    (["--chunk", "x"], "argument --chunk: expected an integer >= 1, got 'x'"),
+])
+def test_kernels_bad_sizes_exit_2(argv, words, capsys):
+    """`mirasc kernels --dk 0` compiled kernels for an empty head and exited 0; --length 0 failed on an autograd
+    message: both are usage errors now, before anything compiles."""
+    with pytest.raises(SystemExit) as info:
+        main(["kernels", str(SPECS / "gated_deltanet.miras"), *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
 def test_builtin_forms_always_derive():
     """`mirasc check` skips the symbolic derivation for specs without expressions; that is sound only if
     every spec of built-in forms the front end accepts also derives. Check it over the vocabulary."""
