@@ -25,11 +25,16 @@ def body(module: types.ModuleType) -> str:
     return _body(Path(module.__file__).read_text(encoding="utf-8"))
 
 
-@functools.cache
 def _kernel_module(name: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
-    """The lines of mirasc/runtime/kernels/`name`.py (read, not imported: emitting needs no triton) and the span of
+    """The lines of mirasc/runtime/kernels/`name`.py and the span of each top-level function and constant in them."""
+    return _spans(RUNTIME / "kernels" / f"{name}.py")
+
+
+@functools.cache
+def _spans(path: Path) -> tuple[list[str], dict[str, tuple[int, int]]]:
+    """The lines of a runtime module (read, not imported: emitting needs neither triton nor torch) and the span of
     each top-level function and constant in them (decorators and the comment lines right above included)."""
-    text = (RUNTIME / "kernels" / f"{name}.py").read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
     lines, spans = text.splitlines(True), {}
     for node in ast.parse(text).body:
         if isinstance(node, ast.FunctionDef):
@@ -56,6 +61,16 @@ def kernels_source(name: str, functions: tuple[str, ...] | None = None) -> str:
     pieces = ("".join(lines[a - 1:b]) for a, b in (spans[f] for f in (functions or spans)))
     return "\n".join("".join(f"    {line}" if line.strip() else line for line in piece.splitlines(True))
                      for piece in pieces)
+
+
+def runtime_functions(name: str, functions: list[str]) -> str:
+    """The functions `functions` of mirasc/runtime/`name`.py, in that order, as an emitted module carries them at its
+    top level: two blank lines apart, without a trailing newline (they fill a template slot)."""
+    lines, spans = _spans(RUNTIME / f"{name}.py")
+    missing = sorted(set(functions) - set(spans))
+    if missing:
+        raise KeyError(f"mirasc/runtime/{name}.py defines no {', '.join(missing)}")
+    return "\n\n".join("".join(lines[a - 1:b]) for a, b in (spans[f] for f in functions)).rstrip("\n")
 
 
 def _body(text: str) -> str:

@@ -19,7 +19,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import torch_retention, triton_backend, triton_minibatch
 from .directives import fill_lines, preprocess
-from .standalone import runtime_source
+from .standalone import runtime_functions, runtime_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -258,6 +258,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["REST_KERNELS"] = "_chunked_triton" if the_plan.chunk_family is not None else "_minibatch_triton"
     subs["HALF_DOTS"] = the_plan.dots
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
+    subs.update(_memory_ops(spec, flags))
     subs["SEGMENTS"] = runtime_source("segments")
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
@@ -271,6 +272,18 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     triton_line = _triton_line(spec, the_plan)
     return (docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d),
             the_plan)
+
+
+def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:
+    """The pieces of mirasc/runtime/memory_ops.py the module needs, for its three slots: how weights are applied (and
+    an MLP's LayerNorm), the token-step helpers (muon's Newton–Schulz, the polynomial features, the coefficients'
+    layout), and the preconditioner's statistic scan."""
+    reads = ["_dense", "_per_token"] + (["_layernorm", "_layernorm_backward"] if flags["layernorm"] else [])
+    steps = (["_newton_schulz"] if flags["muon"] else []) \
+        + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
+    return {"MEMORY_READS": runtime_functions("memory_ops", reads),
+            "MEMORY_STEPS": runtime_functions("memory_ops", steps),
+            "STATISTIC_SCAN": runtime_functions("memory_ops", ["_statistic_scan"])}
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:

@@ -113,3 +113,24 @@ def test_the_language_model_source_runs_standalone(monkeypatch):
     x = torch.randint(0, 11, (2, 5))
     torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
     assert "def make_model(" in model_source()
+
+
+def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
+    """Atlas (an MLP memory with LayerNorm, muon, polynomial features) and a precond spec carry every function of
+    mirasc/runtime/memory_ops.py verbatim; a linear memory only those it reads."""
+    import inspect
+    from pathlib import Path
+
+    from mirasc.compiler import compile_text
+    from mirasc.runtime import memory_ops
+
+    specs = Path(__file__).resolve().parents[2] / "specs"
+    atlas = compile_text((specs / "atlas.miras").read_text(encoding="utf-8")).source
+    precond = compile_text((specs / "precond_gated_deltanet.miras").read_text(encoding="utf-8")).source
+    names = [n for n, f in vars(memory_ops).items() if inspect.isfunction(f) and f.__module__ == memory_ops.__name__]
+    assert len(names) == 10
+    for name in names:
+        text = inspect.getsource(getattr(memory_ops, name))
+        assert text in (precond if name == "_statistic_scan" else atlas), name
+    linear = compile_text((specs / "deltanet.miras").read_text(encoding="utf-8")).source
+    assert "def _on_weight(" in linear and "def _layernorm(" not in linear and "def _newton_schulz(" not in linear
