@@ -17,7 +17,7 @@ from ..language import layer_options
 from ..language import spec as S
 from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
-from . import torch_retention, triton_backend, triton_minibatch
+from . import torch_learner, torch_retention, triton_backend, triton_minibatch
 from .directives import fill_lines, preprocess
 from .standalone import runtime_functions, runtime_source
 
@@ -263,8 +263,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
     subs["INPUTS"] = runtime_source("inputs")
-    body = fill_lines(preprocess(TEMPLATE, flags), torch_retention.hooks(
-        torch_retention.for_spec(spec, d.entrywise is not None)))
+    hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
+    hooks.update(torch_learner.hooks(torch_learner.for_spec(spec)))
+    body = fill_lines(preprocess(TEMPLATE, flags), hooks)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:

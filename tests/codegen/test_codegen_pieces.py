@@ -73,12 +73,15 @@ def test_a_hook_takes_its_lines_at_its_indentation():
         fill_lines("a = {{BODY}}\n", {"BODY": ["1"]})
 
 
-def test_every_retention_hook_has_one_place_in_the_torch_template():
-    from mirasc.codegen import torch_backend, torch_retention
+def test_every_retention_and_learner_hook_has_one_place_in_the_torch_template():
+    from mirasc.codegen import torch_backend, torch_learner, torch_retention
     from mirasc.language.frontend import parse_text
 
     spec = parse_text("model m { memory = linear; bias = l2; retention = decay; learner = gd }")
-    for name in torch_retention.hooks(torch_retention.for_spec(spec, False)):
+    names = [*torch_retention.hooks(torch_retention.for_spec(spec, False)),
+             *torch_learner.hooks(torch_learner.for_spec(spec))]
+    assert len(names) == 10
+    for name in names:
         assert torch_backend.TEMPLATE.count("{{" + name + "}}") == 1, name
 
 
