@@ -251,7 +251,7 @@ def v_tile_reason(spec: S.Spec, forward: ir.Graph, grad: ir.Graph) -> str | None
     every row's update and read depend only on that row and the token. Else the coupling, as a reason."""
     m, b, r = spec.memory, spec.bias, spec.retention
     if m.kind != "linear":
-        return "an MLP memory couples every weight (LayerNorm, hidden layer)"
+        return f"an MLP memory couples every weight ({'LayerNorm, ' if m.layernorm else ''}hidden layer)"
     if r.kind == "lq":
         return "lq retention normalises by the q-norm of the whole matrix"
     if b.reads_error_norm:  # (Yaad's Huber mixture)

@@ -229,12 +229,6 @@ class Objective:
             raise optuna.TrialPruned(f"illegal: {reason}")
         cand.label = _label(cand.label, values)
         reference = trial.user_attrs.get("reference")
-        tried = 0 if reference else self.tried(trial, cand.canonical, optuna)
-        if tried:
-            self.illegal = True  # (it takes no time and does not count)
-            trial.set_user_attr("repeat", tried)
-            trial.set_user_attr("label", cand.label)
-            raise optuna.TrialPruned(f"the design has {tried} trials already")
         budget = C.budget_of(copts)
         design = C.design_key(cand.canonical, opts["task"], opts["task_config"], budget)
         for name, value in (("label", cand.label), ("design", design), ("spec", cand.canonical),
@@ -245,6 +239,11 @@ class Objective:
                 trial.set_user_attr("same_as", t.number)
                 trial.set_user_attr("cells", t.user_attrs.get("cells", []))
                 return t.value
+        tried = 0 if reference else self.tried(trial, cand.canonical, optuna)
+        if tried:
+            self.illegal = True  # (it takes no time and does not count)
+            trial.set_user_attr("repeat", tried)
+            raise optuna.TrialPruned(f"the design has {tried} trials already")
         out = Path(opts["out"]) / "cells"
         out.mkdir(parents=True, exist_ok=True)
         progress = C.Progress(len(opts["seeds"]), quiet=opts["quiet"])
@@ -285,15 +284,16 @@ class Objective:
         return statistics.fmean(c["accuracy"][str(c["train_length"])] for c in cells)
 
     def tried(self, trial, canonical: str, optuna) -> int:
-        """The trials (complete, pruned on their curve or running) the design of spec text `canonical` has had, where
-        that reaches the --per-design limit; else 0."""
+        """The trials (complete, pruned on their curve or running) that trained the design of spec text `canonical`,
+        where they reach the --per-design limit; else 0. (A proposal of a design and knob values the study has
+        finished takes that trial's value untrained, `same_as`, before this is asked.)"""
         limit = per_design(self.opts)
         if not limit:
             return 0
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.RUNNING)
         n = sum(1 for t in trial.study.get_trials(deepcopy=False, states=states)
                 if t.number != trial.number and t.user_attrs.get("spec") == canonical
-                and "illegal" not in t.user_attrs and "repeat" not in t.user_attrs)
+                and not {"illegal", "repeat", "same_as"} & set(t.user_attrs))
         return n if n >= limit else 0
 
     def _report(self, trial, optuna, acc: float, index: int, seed: int, step: int, reference) -> None:
