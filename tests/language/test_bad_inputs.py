@@ -103,8 +103,16 @@ def test_layer_inputs(gdn):
         layer.step(torch.randn(1, 1, 8), layer.init_cache(1))
     with pytest.raises(TypeError, match="floating-point"):
         layer(torch.ones(1, 3, 8, dtype=torch.long))
+    # (torch's own matmul message, "expected m1 and m2 to have the same dtype", named neither x nor the Layer)
+    with pytest.raises(TypeError, match=r"x is torch.float64 but the Layer's parameters are torch.float32"):
+        layer(torch.randn(1, 3, 8, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"x is torch.bfloat16 but the Layer's parameters are torch.float32"):
+        layer.step(torch.randn(1, 8, dtype=torch.bfloat16), layer.init_cache(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts for the projections: any float x
+        assert layer(torch.randn(1, 3, 8, dtype=torch.bfloat16)).shape == (1, 3, 8)
     with pytest.raises(TypeError, match="cache must be the dict"):
         layer.step(torch.randn(1, 8), None)
+    assert layer.to(torch.float64)(torch.randn(1, 3, 8, dtype=torch.float64)).dtype == torch.float64
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "titans", "transformer", "bahdanau", "deltaproduct"])
