@@ -247,7 +247,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
             PER_HEAD=per_head_source(outer), INIT_DOC=_init_doc(outer, d))
         flags["per_head"] = bool(outer.per_head())
         lrn = outer.learner
-        flags.update(precond=True, precond_atk=lrn.transform == "atk")
+        flags.update(precond=True)
         subs["PRECOND"] = repr({"transform": lrn.transform, "eps": float(lrn.eps)} | (
             {"base": float(lrn.base), "center": float(lrn.center)} if lrn.transform == "atk" else {}))
     coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
@@ -278,13 +278,13 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
 def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:
     """The pieces of mirasc/runtime/memory_ops.py the module needs, for its three slots: how weights are applied (and
     an MLP's LayerNorm), the token-step helpers (muon's Newton–Schulz, the polynomial features, the coefficients'
-    layout), and the preconditioner's statistic scan."""
+    layout), and the preconditioned learner's pieces."""
     reads = ["_dense", "_per_token"] + (["_layernorm", "_layernorm_backward"] if flags["layernorm"] else [])
     steps = (["_newton_schulz"] if flags["muon"] else []) \
         + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
-            "STATISTIC_SCAN": runtime_functions("memory_ops", ["_statistic_scan"])}
+            "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition"])}
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
@@ -333,7 +333,7 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "channel_k": channel_decay == "k",
         "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
         "multistep": spec.steps > 1,
-        "precond": False, "precond_atk": False,  # (set by emit for a precond learner's public op)
+        "precond": False,  # (set by emit for a precond learner's public op)
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
                            and l.kind != "momentum" and r.linear),
     }

@@ -1,15 +1,15 @@
 """A parametric memory's torch pieces that do not depend on the update rule (a runtime piece: the functions a spec
 needs are copied into its emitted module by mirasc.codegen.torch_backend): how a weight set is applied, the LayerNorm
 of an MLP memory and its backward, muon's Newton–Schulz orthogonalisation, Atlas' polynomial features, the
-coefficients of a token range and their place on a weight, and the preconditioned learner's statistic scan. They read
-the spec's choices as module constants (mirasc.runtime.memory_spec)."""
+coefficients of a token range and their place on a weight, and the preconditioned learner (its statistic's scan and
+the learning rate it makes). They read the spec's choices as module constants (mirasc.runtime.memory_spec)."""
 
 import math
 
 import torch
 import torch.nn.functional as F
 
-from .memory_spec import GATE_CHANNELS, NS_COEFFICIENTS, NS_STEPS, POLY_DEGREE
+from .memory_spec import GATE_CHANNELS, NS_COEFFICIENTS, NS_STEPS, POLY_DEGREE, PRECOND
 from .segments import _segment_products
 
 
@@ -94,3 +94,29 @@ def _statistic_scan(nu, x, a0, chunk=64):
         out.append(a_c)
         a = a_c[..., -1]
     return torch.cat(out, dim=-1).transpose(-1, -2)
+
+
+def _multiplier(a):
+    """m(a): the preconditioner's scale of each key channel's learning rate, from the statistic a >= 0."""
+    if PRECOND["transform"] == "atk":
+        # FLA's ATK squash: m = base^(−r/(1+|r|)), r = log(a + eps) − center, so m lies in (1/base, base)
+        r = torch.log(a + PRECOND["eps"]) - PRECOND["center"]
+        return torch.exp(-math.log(PRECOND["base"]) * r / (1 + r.abs()))
+    return torch.rsqrt(a + PRECOND["eps"])  # rms: (a + eps)^(−1/2), RMSprop's / Adagrad's scale
+
+
+def _precondition(c, k, a0, pad_mask=None):
+    """gd(lr=gate(k))'s coefficients from the precond learner's: c["eta_ch"] = η_t ⊙ m(a_t) (an η per head broadcast
+    over the key channels) and c["eta"] = 1; ν and ρ are used up. k [B, H, T, Dk]; a0 [B, H, Dk]. Returns (c, a_T).
+    pad_mask [B, T] (internal): padding tokens leave the statistic as it was (ν = 1, ρ = 0)."""
+    c = dict(c)
+    nu, rho = c.pop("nu"), c.pop("rho")
+    if pad_mask is not None:
+        keep = pad_mask.to(k.device)[:, None, :]
+        nu = torch.where(keep, nu, torch.ones_like(nu))
+        rho = rho * keep.to(rho.dtype)
+    a = _statistic_scan(nu, rho.unsqueeze(-1) * k * k, a0.to(k.dtype))
+    eta = c.pop("eta_ch") if "eta_ch" in c else c["eta"].unsqueeze(-1)
+    c["eta_ch"] = eta * _multiplier(a)
+    c["eta"] = torch.ones_like(c["eta"])
+    return c, a[:, :, -1]

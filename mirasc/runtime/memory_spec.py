@@ -7,3 +7,6 @@ GATE_CHANNELS: dict[str, str] = {}
 NS_STEPS = 5  # Newton–Schulz iterations of muon's orthogonalisation
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)
 POLY_DEGREE = 2  # p of the memory's polynomial feature map φ_p
+# The preconditioned learner's multiplier: its transform ("rms" or "atk") and constants (docs/semantics.md,
+# "Preconditioned learner").
+PRECOND = {"transform": "rms", "eps": 1e-6}
