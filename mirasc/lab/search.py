@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import statistics
 import sys
 import warnings
@@ -25,7 +26,7 @@ from pathlib import Path
 from . import cells as C
 from . import leaderboard as B
 from .cells import UsageError
-from .study_storage import _optuna, _serialize_ask, make_storage, storage_url
+from .study_storage import _optuna, _serialize_ask, journal_path, make_storage, storage_url
 
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
@@ -194,6 +195,7 @@ class Objective:
 
     def __call__(self, trial):
         optuna = _optuna()
+        trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")  # (recover_dead_workers reads it)
         try:
             return self._run(trial, optuna)
         except optuna.TrialPruned:
@@ -203,13 +205,7 @@ class Objective:
             raise
         except KeyboardInterrupt:
             # the trial ends FAILED; a copy waits in the study, so that the next invocation runs it again
-            frozen = trial.study._storage.get_trial(trial._trial_id)
-            system = {k: v for k, v in frozen.system_attrs.items() if k != "fixed_params"}
-            keep = {k: v for k, v in frozen.user_attrs.items() if k in ("reference", "reference_spec")}
-            trial.study.add_trial(optuna.trial.create_trial(
-                state=optuna.trial.TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
-                user_attrs=keep, system_attrs={**system, "fixed_params": frozen.params, "interrupted_trial":
-                                               frozen.number}))
+            _enqueue_again(trial.study, trial.study._storage.get_trial(trial._trial_id), optuna)
             trial.set_user_attr("interrupted", True)
             raise
 
@@ -301,6 +297,42 @@ class Objective:
         if not reference and trial.should_prune():
             trial.set_user_attr("pruned_at", {"seed": seed, "step": step, "accuracy": acc})
             raise optuna.TrialPruned(f"accuracy {acc:.3f} at step {step} of seed {seed}")
+
+
+def _enqueue_again(study, frozen, optuna) -> None:
+    """A waiting copy of trial `frozen` (its parameters, and a reference's spec), run by the next worker."""
+    system = {k: v for k, v in frozen.system_attrs.items() if k != "fixed_params"}
+    keep = {k: v for k, v in frozen.user_attrs.items() if k in ("reference", "reference_spec")}
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
+        user_attrs=keep, system_attrs={**system, "fixed_params": frozen.params, "interrupted_trial": frozen.number}))
+
+
+def recover_dead_workers(study) -> list[int]:
+    """A journal file has no heartbeat: a worker killed outright (SIGKILL, a crash) leaves its trial RUNNING. Each
+    trial records its worker (host:pid); a RUNNING one whose worker on this host is gone is failed, marked
+    interrupted, and enqueued again, as an interrupted trial is. Returns the trial numbers recovered."""
+    optuna = _optuna()
+    host, recovered = socket.gethostname(), []
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        where, _, pid = t.user_attrs.get("worker", "").rpartition(":")
+        if where != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        _enqueue_again(study, t, optuna)
+        study._storage.set_trial_user_attr(t._trial_id, "interrupted", True)
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+        recovered.append(t.number)
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _announce(study, trial) -> None:
@@ -408,6 +440,10 @@ def run_study(opts: dict) -> int:
         opts = {**opts, "sampler": "tpe"}
     study = open_study(opts, create=True)
     check_config(study, opts)
+    if journal_path(storage_url(opts)) is not None:
+        recovered = recover_dead_workers(study)
+        if recovered:
+            print(f"trial(s) {', '.join(map(str, recovered))} of a worker that is gone: enqueued again", flush=True)
     enqueued, dropped = enqueue_references(study, opts)
     before = {s: len(study.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     trials = opts["trials"]

@@ -228,6 +228,31 @@ def test_a_study_made_with_other_settings_is_refused_and_journal_storage(tmp_pat
     assert not (tmp_path / "other").exists()                    # refused before anything is written
 
 
+def test_a_journal_study_recovers_the_trial_of_a_worker_that_is_gone(tmp_path, capsys):
+    """A journal file has no heartbeat: a worker killed outright leaves a RUNNING trial. Each trial records its
+    worker (host:pid); the next invocation fails the trial of a worker on this host that is gone and runs it again,
+    and leaves alone a trial whose worker still runs."""
+    journal = tmp_path / "study.journal"
+    argv = ["--memory", "linear", "mlp"] + ONE + ["--out", str(tmp_path / "run"), "--sampler", "grid",
+                                                   "--study", str(journal)]
+    assert explore.main(argv + ["--trials", "1"]) == 0
+    study = optuna.load_study(study_name="explore", storage=search.make_storage(f"journal:{journal}", 60))
+    done = study.get_trials()[0]
+    host = done.user_attrs["worker"].rpartition(":")[0]
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for pid in (int(gone.stdout), os.getpid()):  # a worker that has exited, and one that runs (this process)
+        t = study.ask({"memory": optuna.distributions.CategoricalDistribution(["linear", "mlp"])})
+        t.set_user_attr("worker", f"{host}:{pid}")
+    assert explore.main(argv + ["--trials", "1"]) == 0
+    assert "trial(s) 1 of a worker that is gone: enqueued again" in capsys.readouterr().out
+    trials = {t.number: t for t in study.get_trials()}
+    assert trials[1].state.name == "FAIL" and trials[1].user_attrs["interrupted"]
+    assert trials[2].state.name == "RUNNING"                     # its worker is alive: not touched
+    rerun = [t for t in trials.values() if t.system_attrs.get("interrupted_trial") == 1]
+    assert len(rerun) == 1 and rerun[0].state.name == "COMPLETE"
+    assert rerun[0].params["memory"] == trials[1].params["memory"]  # (its sampled values, the rest sampled now)
+
+
 def test_a_crashed_worker_loses_only_its_running_trial(tmp_path):
     """A worker killed mid-trial (SIGKILL: no chance to clean up) leaves a RUNNING trial; once its heartbeat is
     stale, the next invocation fails it and runs it again."""
