@@ -24,8 +24,7 @@ ALPHA = '_on_weight("alpha", c_t["alpha"])'  # α_t as a factor of one weight (p
 
 
 class Plain:
-    """The weights are the state: W_t = W_{t−1} + U_t (none), α_t W_{t−1} + U_t (decay, order=post), or the gradient
-    taken at α_t W_{t−1} and added there (decay, order=pre)."""
+    """The weights are the state, W_t = W_{t−1} + U_t (retention none)."""
 
     def __init__(self, spec: S.Spec):
         self.r = spec.retention
@@ -40,16 +39,12 @@ class Plain:
         return []
 
     def before_gradient(self) -> list[str]:
-        if self.r.kind == "decay" and self.r.order == "pre":
-            return [f"W = [{ALPHA} * w for w in W]  # order=pre: decay first, take the gradient there"]
         return []
 
     def copy(self) -> list[str]:
         return []
 
     def step(self) -> list[str]:
-        if self.r.kind == "decay" and self.r.order == "post":
-            return [f"W[i] = {ALPHA} * W[i] + update"]
         return ["W[i] = W[i] + update"]
 
     def after_step(self) -> list[str]:
@@ -57,6 +52,18 @@ class Plain:
 
     def initial_accumulator(self) -> list[str]:
         return []
+
+
+class Decay(Plain):
+    """W_t = α_t W_{t−1} + U_t (order=post), or the gradient taken at α_t W_{t−1} and U_t added there (order=pre)."""
+
+    def before_gradient(self) -> list[str]:
+        if self.r.order == "pre":
+            return [f"W = [{ALPHA} * w for w in W]  # order=pre: decay first, take the gradient there"]
+        return []
+
+    def step(self) -> list[str]:
+        return super().step() if self.r.order == "pre" else [f"W[i] = {ALPHA} * W[i] + update"]
 
 
 class Mapped(Plain):
@@ -198,7 +205,7 @@ def for_spec(spec: S.Spec, entrywise: bool) -> Plain:
     """The printer of the spec's retention; `entrywise`: the derivation has an entrywise map for it."""
     r, par = spec.retention, spec.parallel
     if not r.mapped:
-        return Plain(spec)
+        return Decay(spec) if r.kind == "decay" else Plain(spec)
     if par.kind == "minibatch" and par.readout == "chunk":
         return {"lq": ChunkLq, "kl": ChunkKL}[r.kind](spec)
     if entrywise:
