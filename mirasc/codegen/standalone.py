@@ -25,11 +25,6 @@ def body(module: types.ModuleType) -> str:
     return _body(Path(module.__file__).read_text(encoding="utf-8"))
 
 
-def _kernel_module(name: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
-    """The lines of mirasc/runtime/kernels/`name`.py and the span of each top-level function and constant in them."""
-    return _spans(RUNTIME / "kernels" / f"{name}.py")
-
-
 @functools.cache
 def _spans(path: Path) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """The lines of a runtime module (read, not imported: emitting needs neither triton nor torch) and the span of
@@ -54,7 +49,7 @@ def kernels_source(name: str, functions: tuple[str, ...] | None = None) -> str:
     """The Triton functions and constants `functions` (all, in file order, when None) of
     mirasc/runtime/kernels/`name`.py, to paste inside an emitted module's `if triton is not None:` block: indented
     by four spaces, one blank line apart."""
-    lines, spans = _kernel_module(name)
+    lines, spans = _spans(RUNTIME / "kernels" / f"{name}.py")
     missing = sorted(set(functions or ()) - set(spans))
     if missing:
         raise KeyError(f"mirasc/runtime/kernels/{name}.py defines no {', '.join(missing)}")

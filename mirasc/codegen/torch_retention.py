@@ -29,29 +29,17 @@ class Plain:
     def __init__(self, spec: S.Spec):
         self.r = spec.retention
 
-    def functions(self) -> list[str]:
+    def _nothing(self) -> list[str]:
         return []
+
+    # the hooks a retention without a map leaves empty (a subclass overrides the ones it fills)
+    functions = chunk_start = before_gradient = copy = after_step = initial_accumulator = _nothing
 
     def start(self) -> list[str]:
         return ["Y = None"]
 
-    def chunk_start(self) -> list[str]:
-        return []
-
-    def before_gradient(self) -> list[str]:
-        return []
-
-    def copy(self) -> list[str]:
-        return []
-
     def step(self) -> list[str]:
         return ["W[i] = W[i] + update"]
-
-    def after_step(self) -> list[str]:
-        return []
-
-    def initial_accumulator(self) -> list[str]:
-        return []
 
 
 class Decay(Plain):
@@ -87,9 +75,6 @@ class Mapped(Plain):
     def image(self, w: str) -> str:
         """The accumulator recomputed from weights `w` (a retention that does not keep it)."""
         raise NotImplementedError
-
-    def before_gradient(self) -> list[str]:
-        return []
 
     def copy(self) -> list[str]:
         return ["Y = list(Y)"]
@@ -182,8 +167,7 @@ class ChunkKL(KL):
         return ["Y = None  # readout=chunk: the state stays in weight space (log W̃ is taken at each chunk's first "
                 "token)"]
 
-    def copy(self) -> list[str]:
-        return []
+    copy = Plain._nothing  # (the state stays in weight space: no accumulators to copy)
 
     def step(self) -> list[str]:
         return ["lag = plain = None",
