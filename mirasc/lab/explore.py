@@ -41,6 +41,7 @@ DEFAULTS = {
     # search (mirasc.lab.search, with Optuna): used when a sampler or a study is given
     "sampler": None, "trials": None, "workers": 1, "study": None, "study_name": "explore", "pruner": None,
     "eval_every": None, "search_lr": None, "search_layer": {}, "heartbeat": 60, "per_design": None,
+    "reference_lr": None, "finalists": None, "finalist_seeds": [0, 1, 2, 3, 4],
 }
 SAMPLERS = ("grid", "tpe", "random")
 PRUNERS = ("none", "halving", "hyperband", "median")
@@ -97,6 +98,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sg.add_argument("--per-design", type=int, default=None, metavar="N",
                    help="trials one design (its axes' values) trains at most in the study; further proposals of it "
                         "are not trained and do not count (default 3 for tpe and random, 0 = no limit for grid)")
+    sg.add_argument("--reference-lr", nargs="+", type=float, default=None, metavar="LR",
+                   help="learning rates the --spec reference designs run at, one fixed trial each (default: --lr)")
+    sg.add_argument("--finalists", type=int, default=None, metavar="K",
+                   help="then re-run the study's K best sampled designs and its K best references, each at the "
+                        "values of its best trial, on --finalist-seeds, unpruned (study NAME-finalists; "
+                        "leaderboard in OUT/finalists/)")
+    sg.add_argument("--finalist-seeds", nargs="+", type=int, default=None, metavar="SEED",
+                   help="the finalists' seeds (default 0 1 2 3 4)")
     sg.add_argument("--heartbeat", type=int, default=None, metavar="SECONDS",
                    help="database storages: a worker silent for 2x this long has crashed; its trial is rerun "
                         "(default 60)")
@@ -225,6 +234,18 @@ def resolve(args: argparse.Namespace) -> dict:
             raise UsageError(f"the grid sampler needs a list of values for {name}, not a range (A,B,C)")
     if opts["knobs"] and not (opts["sampler"] or opts["study"]):
         raise UsageError("--search-lr and --search-layer sample values in a study: give --sampler (or --study)")
+    for name in ("reference_lr", "finalists"):
+        if opts[name] is not None and not (opts["sampler"] or opts["study"]):
+            raise UsageError(f"--{name.replace('_', '-')} belongs to a study: give --sampler (or --study)")
+    if opts["reference_lr"] is not None:
+        if not opts["reference_lr"] or any(not float(r) > 0 for r in opts["reference_lr"]):
+            raise UsageError("reference_lr: each learning rate must be > 0")
+        if not opts["spec"]:
+            raise UsageError("--reference-lr: no reference designs (give them with --spec)")
+    if opts["finalists"] is not None and int(opts["finalists"]) < 1:
+        raise UsageError("finalists must be >= 1")
+    if not opts["finalist_seeds"]:
+        raise UsageError("need at least one finalist seed")
     return opts
 
 
@@ -252,9 +273,10 @@ def _run(opts: dict) -> int:
         raise UsageError(str(err)) from None
     try:
         if opts["sampler"] or opts["study"]:
-            from . import search
+            from . import finalists, search
 
-            return search.run_study(opts)
+            rc = search.run_study(opts)
+            return finalists.run(opts) if rc != 130 and opts["finalists"] else rc
         return _grid(opts)
     finally:
         torch.set_num_threads(threads)

@@ -31,6 +31,7 @@ from .study_storage import _optuna, _serialize_ask, journal_path, make_storage, 
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
 MAX_ATTEMPTS = 50          # sampled trials per counted (legal, new) one before a worker gives up
+FIXED_ATTRS = ("reference", "reference_spec", "fixed_label", "values", "from_trial")  # what a fixed trial is
 PER_DESIGN = 3             # trials one design trains at most under tpe and random (--per-design)
 
 
@@ -38,7 +39,7 @@ PER_DESIGN = 3             # trials one design trains at most under tpe and rand
 def axis_choices(opts: dict) -> dict[str, list[str]]:
     """The categorical choices per axis: the axes given, the others at their defaults; none when only spec
     files are given (then the study is its reference trials alone)."""
-    if not any(opts[a] for a in C.AXES) and opts["spec"]:
+    if opts.get("fixed_only") or (not any(opts[a] for a in C.AXES) and opts["spec"]):
         return {}
     return {a: list(opts[a] or C.AXIS_DEFAULTS[a]) for a in C.AXES}
 
@@ -121,10 +122,13 @@ def check_config(study, opts: dict) -> None:
 
 
 def enqueue_references(study, opts: dict) -> tuple[int, list[dict]]:
-    """Enqueue each --spec file not yet in the study as a fixed trial. Returns (enqueued, dropped)."""
+    """Enqueue each --spec file, at each --reference-lr rate, not yet in the study as a fixed trial (at the study's
+    lr: no knob values, as the references of a study made before --reference-lr). Returns (enqueued, dropped)."""
     import mirasc
 
-    present = {t.user_attrs.get("reference_spec") for t in study.get_trials(deepcopy=False)}
+    present = {(t.user_attrs.get("reference_spec"), _values_key(t.user_attrs.get("values", {})))
+               for t in study.get_trials(deepcopy=False)}
+    rates = [float(r) for r in opts.get("reference_lr") or [opts["lr"]]]
     enqueued, dropped = 0, []
     for path in opts["spec"]:
         try:
@@ -137,12 +141,19 @@ def enqueue_references(study, opts: dict) -> tuple[int, list[dict]]:
         except mirasc.SpecError as err:
             dropped.append({"label": Path(path).stem, "spec": text, "reason": err.message})
             continue
-        if canonical in present:
-            continue
-        present.add(canonical)
-        study.enqueue_trial({}, user_attrs={"reference": Path(path).stem, "reference_spec": canonical})
-        enqueued += 1
+        for rate in dict.fromkeys(rates):
+            values = {} if rate == float(opts["lr"]) else {"lr": rate}
+            if (canonical, _values_key(values)) in present:
+                continue
+            present.add((canonical, _values_key(values)))
+            study.enqueue_trial({}, user_attrs={"reference": Path(path).stem, "reference_spec": canonical,
+                                                "values": values})
+            enqueued += 1
     return enqueued, dropped
+
+
+def _values_key(values: dict) -> str:
+    return json.dumps(values, sort_keys=True)
 
 
 # ------------------------------------------------------------------------------------- trials
@@ -173,10 +184,10 @@ class Objective:
     def candidate(self, trial):
         import mirasc
 
-        ref = trial.user_attrs.get("reference")
-        if ref:
-            cand = C.Candidate(ref, trial.user_attrs["reference_spec"], {})
-            values = {}
+        a = trial.user_attrs
+        if a.get("reference_spec"):   # a fixed trial: a reference, or a finalist (mirasc.lab.finalists)
+            cand = C.Candidate(a.get("reference") or a["fixed_label"], a["reference_spec"], {})
+            values = dict(a.get("values", {}))
         else:
             space = axis_choices(self.opts)
             axes = {a: trial.suggest_categorical(a, space[a]) for a in C.AXES}
@@ -225,6 +236,7 @@ class Objective:
             raise optuna.TrialPruned(f"illegal: {reason}")
         cand.label = _label(cand.label, values)
         reference = trial.user_attrs.get("reference")
+        fixed = bool(trial.user_attrs.get("reference_spec"))
         budget = C.budget_of(copts)
         design = C.design_key(cand.canonical, opts["task"], opts["task_config"], budget)
         for name, value in (("label", cand.label), ("design", design), ("spec", cand.canonical),
@@ -235,7 +247,7 @@ class Objective:
                 trial.set_user_attr("same_as", t.number)
                 trial.set_user_attr("cells", t.user_attrs.get("cells", []))
                 return t.value
-        tried = 0 if reference else self.tried(trial, cand.canonical, optuna)
+        tried = 0 if fixed else self.tried(trial, cand.canonical, optuna)
         if tried:
             self.illegal = True  # (it takes no time and does not count)
             trial.set_user_attr("repeat", tried)
@@ -256,11 +268,11 @@ class Objective:
             if record is not None:
                 C.complete_record(record, cand, copts)
                 for step, acc in record.get("eval_curve", []):
-                    self._report(trial, optuna, acc, i * steps + step, seed, step, reference)
+                    self._report(trial, optuna, acc, i * steps + step, seed, step, fixed)
             else:
                 record = C.train_cell(cand, copts, seed, progress, self.every,
                                       lambda step, acc, i=i, seed=seed: self._report(
-                                          trial, optuna, acc, i * steps + step, seed, step, reference))
+                                          trial, optuna, acc, i * steps + step, seed, step, fixed))
                 record["key"] = key
                 tmp = out / f"{key}.json.{os.getpid()}.tmp"
                 tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
@@ -276,7 +288,7 @@ class Objective:
                 trial.set_user_attr(name, record.get(name))
             acc = record["accuracy"][str(record["train_length"])]
             if self.every and i + 1 < len(opts["seeds"]):
-                self._report(trial, optuna, acc, (i + 1) * steps, seed, steps, reference)
+                self._report(trial, optuna, acc, (i + 1) * steps, seed, steps, fixed)
         return statistics.fmean(c["accuracy"][str(c["train_length"])] for c in cells)
 
     def tried(self, trial, canonical: str, optuna) -> int:
@@ -292,9 +304,9 @@ class Objective:
                 and not {"illegal", "repeat", "same_as"} & set(t.user_attrs))
         return n if n >= limit else 0
 
-    def _report(self, trial, optuna, acc: float, index: int, seed: int, step: int, reference) -> None:
+    def _report(self, trial, optuna, acc: float, index: int, seed: int, step: int, fixed: bool) -> None:
         trial.report(acc, index)
-        if not reference and trial.should_prune():
+        if not fixed and trial.should_prune():
             trial.set_user_attr("pruned_at", {"seed": seed, "step": step, "accuracy": acc})
             raise optuna.TrialPruned(f"accuracy {acc:.3f} at step {step} of seed {seed}")
 
@@ -302,7 +314,7 @@ class Objective:
 def _enqueue_again(study, frozen, optuna) -> None:
     """A waiting copy of trial `frozen` (its parameters, and a reference's spec), run by the next worker."""
     system = {k: v for k, v in frozen.system_attrs.items() if k != "fixed_params"}
-    keep = {k: v for k, v in frozen.user_attrs.items() if k in ("reference", "reference_spec")}
+    keep = {k: v for k, v in frozen.user_attrs.items() if k in FIXED_ATTRS}
     study.add_trial(optuna.trial.create_trial(
         state=optuna.trial.TrialState.WAITING, params=frozen.params, distributions=frozen.distributions,
         user_attrs=keep, system_attrs={**system, "fixed_params": frozen.params, "interrupted_trial": frozen.number}))
@@ -549,7 +561,7 @@ def importance(study) -> dict:
         return {"unavailable": f"{type(err).__name__}: {err}"}
 
 
-def summarize(study, opts: dict, before: dict, dropped: list[dict]) -> int:
+def summarize(study, opts: dict, before: dict, dropped: list[dict], more: dict | None = None) -> int:
     from optuna.trial import TrialState
 
     cells, pruned, illegal, failed = study_cells(study)
@@ -561,7 +573,7 @@ def summarize(study, opts: dict, before: dict, dropped: list[dict]) -> int:
     extra = {"study": {"name": opts["study_name"], "storage": storage_url(opts), "sampler": opts["sampler"],
                        "pruner": pruner_name(opts), "eval_every": eval_every(opts),
                        "trials": {s.name.lower(): after[s] for s in TrialState}},
-             "pruned": pruned, "failed": failed, "importance": imp}
+             "pruned": pruned, "failed": failed, "importance": imp, **(more or {})}
     out = Path(opts["out"])
     written = B.write_outputs(out, opts, rows, cells, dropped + illegal, opts["plots"], extra)
     if "unavailable" not in imp:

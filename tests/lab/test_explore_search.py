@@ -347,3 +347,77 @@ def test_study_needs_optuna_message(monkeypatch):
     with pytest.raises(cells.UsageError, match=r"pip install 'mirasc\[search\]'"):
         search._optuna()
     assert torch.get_num_threads() >= 1
+
+
+def test_references_at_several_rates_then_finalists_on_more_seeds(tmp_path, capsys, monkeypatch):
+    """--reference-lr: one fixed trial per reference and rate, enqueued once. --finalists K: the K best sampled designs
+    and the K best references, each at its best trial's values (a sampled design with a reference's function is that
+    reference), re-run unpruned on --finalist-seeds in the study NAME-finalists; a cell the study trained is reused;
+    the verdict compares the best of each kind over the seeds."""
+    now, trained = {}, []
+    real_train = cells.train_cell
+
+    def train_cell(cand, opts, seed, *args, **kwargs):
+        now.update(spec=cand.canonical, lr=opts["lr"], seed=seed)
+        trained.append((cand.label, seed))
+        return real_train(cand, opts, seed, *args, **kwargs)
+
+    def evaluate(model, task, cfg, lengths, n, batch_size, scored=None):
+        spec, lr = now["spec"], now["lr"]
+        linear, gd = "memory    = linear" in spec, "learner   = gd(" in spec
+        if "retention = decay" in spec:                 # retnet
+            acc = 0.4
+        elif linear:
+            acc = (0.5 + 0.2 * (lr == 0.02)) if gd else 0.3   # linear · l2 · gd is DeltaNet's function
+        else:
+            acc = 0.6 if gd else 0.8 - 0.05 * (lr == 0.02)
+        acc += 0.01 * now["seed"]
+        if scored is not None:
+            scored.update({L: 1000 for L in lengths})
+        return {L: acc for L in lengths}, {L: acc for L in lengths}
+
+    monkeypatch.setattr(cells, "train_cell", train_cell)
+    monkeypatch.setattr(cells, "evaluate", evaluate)
+    out = tmp_path / "run"
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    argv = ["--memory", "linear", "mlp", "--learner", "gd", "momentum", "--search-lr", "0.004,0.02"] + ONE + [
+        "--out", str(out), "--study", url, "--sampler", "grid", "--spec", str(ROOT / "specs" / "deltanet.miras"),
+        str(ROOT / "specs" / "retnet.miras"), "--reference-lr", "0.005", "0.01"]
+    assert explore.main(argv) == 0
+    assert "4 reference design(s) enqueued" in capsys.readouterr().out
+    study = _study(url)
+    refs = sorted((t.user_attrs["reference"], json.dumps(t.user_attrs["values"])) for t in study.get_trials()
+                  if t.user_attrs.get("reference"))
+    assert refs == [("deltanet", '{"lr": 0.005}'), ("deltanet", "{}"), ("retnet", '{"lr": 0.005}'), ("retnet", "{}")]
+    assert len(study.get_trials()) == 12 and _states(study) == ["COMPLETE"] * 12
+    trained.clear()
+    assert explore.main(argv + ["--trials", "0", "--finalists", "1", "--finalist-seeds", "0", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "0 reference design(s) enqueued" in text and "2 enqueued, running 2 trial(s)" in text
+    assert sorted(trained) == [("deltanet | lr=0.02", 1), ("mlp | l2 | none | momentum | exact | lr=0.004", 1)]
+    finals = _study(url, "explore-finalists")
+    assert _states(finals) == ["COMPLETE"] * 2
+    by_label = {t.user_attrs.get("reference") or t.user_attrs["fixed_label"]: t for t in finals.get_trials()}
+    assert set(by_label) == {"deltanet", "mlp | l2 | none | momentum | exact"}
+    assert by_label["deltanet"].user_attrs["values"] == {"lr": 0.02}
+    assert by_label["mlp | l2 | none | momentum | exact"].user_attrs["values"] == {"lr": 0.004}
+    assert by_label["deltanet"].value == pytest.approx(0.705)
+    assert by_label["mlp | l2 | none | momentum | exact"].value == pytest.approx(0.805)
+    doc = json.loads((out / "finalists" / "leaderboard.json").read_text())
+    assert [r["seeds"] for r in doc["leaderboard"]] == [2, 2]
+    assert [r.get("reference") for r in doc["leaderboard"]] == [None, "deltanet"]
+    v = doc["verdict"]
+    assert v["beats"] and v["difference"] == pytest.approx(0.1) and v["se"] == pytest.approx(0.005 * 2 ** 0.5)
+    assert "the sampled design beats every reference" in text
+    trained.clear()                               # a second invocation: nothing new to run
+    assert explore.main(argv + ["--trials", "0", "--finalists", "1", "--finalist-seeds", "0", "1"]) == 0
+    assert "0 enqueued, running 0 trial(s)" in capsys.readouterr().out and not trained
+
+
+def test_finalists_and_reference_rates_are_refused_outside_a_study(capsys):
+    assert explore.main(["--finalists", "2"] + ONE) == 2
+    assert "--finalists belongs to a study" in capsys.readouterr().err
+    assert explore.main(["--sampler", "tpe", "--reference-lr", "0.01"] + ONE) == 2
+    assert "no reference designs (give them with --spec)" in capsys.readouterr().err
+    assert explore.main(["--sampler", "tpe", "--finalists", "0"] + ONE) == 2
+    assert "finalists must be >= 1" in capsys.readouterr().err
