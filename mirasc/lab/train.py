@@ -102,13 +102,9 @@ def main(argv=None) -> int:
 
 # -- pieces ------------------------------------------------------------------------------------------------
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup to cfg.lr over cfg.warmup_steps, then cosine to cfg.min_lr at the last step."""
-    warmup = cfg.warmup_steps
-    if step < warmup:
-        return cfg.lr * (step + 1) / warmup
-    span = max(1, cfg.steps - warmup - 1)
-    t = min(1.0, (step - warmup) / span)
-    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * t))
+    """Linear warmup to cfg.lr over cfg.warmup_steps, then cosine to cfg.min_lr at the last step
+    (`trainloop.warmup_cosine`)."""
+    return trainloop.warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.lr, cfg.min_lr, cfg.steps - 1)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -430,19 +426,15 @@ def _recorder(env, metrics_path):
 
 
 def _step(model, raw, optimizer, batch, lr, cfg, env, autocast):
-    """One optimizer step at learning rate `lr` (each group's times its lr_scale): forward, backward, clipping at
-    cfg.grad_clip. Returns (lr, the loss, the gradient norm before clipping)."""
+    """One optimizer step at learning rate `lr` (each group's times its lr_scale), `trainloop.step`: forward,
+    backward, clipping at cfg.grad_clip. Returns (lr, the loss, the gradient norm before clipping)."""
     for g in optimizer.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
     x, y = (b.to(env.device, non_blocking=True) for b in batch)
-    with autocast():
-        _, loss = model(x, y)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(raw.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    loss, norm = trainloop.step(model, optimizer, x, y, cfg.grad_clip, raw.parameters(), autocast,
+                                stop_if_not_finite=False)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
     return lr, loss, norm
 
 

@@ -1,4 +1,5 @@
-"""The training loop and the evaluation of `mirasc explore`, in torch alone.
+"""The training step and schedule of both training loops, and `mirasc explore`'s loop and evaluation, in torch
+alone (`mirasc train`'s loop, mirasc.lab.train, adds its data, checkpoints and distribution around the same step).
 
 This file imports only torch and the standard library on purpose: `benchmarks/gpu_mqar.py` loads it by file path
 (with mirasc/lab/tasks.py and mirasc/runtime/lm.py) on machines without the compiler's dependencies, so that a GPU
@@ -8,6 +9,7 @@ reason. `device`: where the model lives; batches are generated on the CPU (the s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -42,45 +44,66 @@ def param_groups(model, weight_decay: float, decayed=None) -> list[dict]:
     return [{"params": ps, "weight_decay": wd, "lr_scale": s} for (wd, s), ps in groups.items()]
 
 
+def warmup_cosine(step: int, steps: int, warmup: int, peak: float = 1.0, floor: float = 0.1,
+                  end: int | None = None) -> float:
+    """The learning rate (or its factor) at `step`: linear warm-up to `peak` over `warmup` steps, then a cosine
+    to `floor`, reached at step `end` (default `steps`, one past the last step: explore's schedule; `mirasc
+    train` ends at steps − 1) and held after it."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, (steps if end is None else end) - warmup)
+    return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * min(step - warmup, span) / span))
+
+
+def step(model, optimizer, x, y, clip: float, params=None, autocast=None, on_backward=None, done: int = 0,
+         stop_if_not_finite: bool = True):
+    """One optimizer step, at the learning rates already in `optimizer`'s groups: the loss, and unless it is not
+    finite (then nothing is updated, where `stop_if_not_finite`) the backward pass, `on_backward(done, loss)` (the
+    gradients as computed), clipping of `params` (default the model's) to a global norm of `clip` (0: none, the
+    norm is still returned), the update, and the gradients cleared. Returns (loss, the gradient norm before
+    clipping, or None when the step stopped). Both training loops (explore's `train`, and `mirasc train`, whose
+    distributed ranks must all reach the backward pass) take their steps here."""
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        _, loss = model(x, y)
+    if stop_if_not_finite and not torch.isfinite(loss):
+        return loss, None
+    loss.backward()
+    if on_backward is not None:
+        on_backward(done, loss)
+    params = model.parameters() if params is None else params
+    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, norm
+
+
 def train(model, tasks, task: str, cfg, *, steps: int, batch_size: int, lr: float, weight_decay: float, seed: int,
           log_every: int, on_step=None, on_backward=None, device=None):
-    """AdamW (betas 0.9, 0.95; `param_groups`: weight decay on matrices only), linear warm-up over a tenth of the
-    steps then cosine to 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step. Returns (loss curve
-    [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after every step,
-    `on_backward(step, loss)` between the backward pass and the clipping (the gradients as computed)."""
+    """AdamW (betas 0.9, 0.95; `param_groups`: weight decay on matrices only), `warmup_cosine` with a warm-up over a
+    tenth of the steps and a floor of 10%, gradient clipping at 1, on batches seeded TRAIN_SEED·(seed+1)+step.
+    Returns (loss curve [[step, mean loss over the last log_every steps]], status); `on_step(step, loss)` after
+    every step, `on_backward(step, loss)` between the backward pass and the clipping (the gradients as computed)."""
     groups = param_groups(model, weight_decay)
     opt = torch.optim.AdamW([{**g, "lr": lr * g["lr_scale"]} for g in groups], lr=lr, betas=(0.9, 0.95))
     warmup = max(1, steps // 10)
-
-    def lr_at(step):  # linear warm-up, cosine to 10%
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: warmup_cosine(i, steps, warmup))
     curve, window, status = [], [], "ok"
     model.train()
-    for step in range(steps):
-        x, y, _ = tasks.generate(task, cfg, batch_size, seed=TRAIN_SEED * (seed + 1) + step)
+    for i in range(steps):
+        x, y, _ = tasks.generate(task, cfg, batch_size, seed=TRAIN_SEED * (seed + 1) + i)
         if device is not None:
             x, y = x.to(device), y.to(device)
-        _, loss = model(x, y)
-        if not torch.isfinite(loss):
-            status = f"diverged at step {step}"
+        loss, norm = step(model, opt, x, y, 1.0, on_backward=on_backward, done=i + 1)
+        if norm is None:
+            status = f"diverged at step {i}"
             break
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if on_backward is not None:
-            on_backward(step + 1, loss)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
         sched.step()
         window.append(loss.item())
-        if (step + 1) % log_every == 0 or step + 1 == steps:
-            curve.append([step + 1, statistics.fmean(window)])
+        if (i + 1) % log_every == 0 or i + 1 == steps:
+            curve.append([i + 1, statistics.fmean(window)])
             window = []
         if on_step is not None:
-            on_step(step + 1, loss.item())
+            on_step(i + 1, loss.item())
     return curve, status
 
 
