@@ -5,8 +5,9 @@ A search ranks designs on few seeds, each at the knob values its sampler found f
 unpruned: the K best sampled designs and the K best references, each at the values of its best complete trial (a
 design is its function, its spec but for the name: the same axes at other knob values are the same design, and a
 sampled design that is a reference under another name is that reference), run on `--finalist-seeds` as
-fixed trials of a second study, NAME-finalists, in the same storage. So the finalists share the study's workers,
-resumption and storage; a cell the study already trained (the same spec, budget and seed) is not trained again.
+fixed trials of a second study, NAME-finalists, in the same storage, one trial per design and seed. So the
+finalists share the study's workers, resumption and storage, a later invocation may add seeds, and a cell the study
+already trained (the same spec, budget and seed) is not trained again.
 
 The verdict compares the best sampled design's mean with the best reference's: it beats it when the difference
 exceeds twice its standard error (the two standard errors over seeds in quadrature).
@@ -28,7 +29,8 @@ from .study_storage import journal_path, storage_url
 
 
 def finalist_opts(opts: dict) -> dict:
-    """The finalists' study: the search's budget on the finalist seeds, fixed trials only, no pruning."""
+    """The finalists' study: the search's budget, fixed trials of one seed each (so its settings do not name the
+    seeds: a later invocation may add seeds), no pruning."""
     return {**opts, "study_name": f"{opts['study_name']}-finalists", "seeds": list(opts["finalist_seeds"]),
             "pruner": "none", "per_design": 0, "fixed_only": True, "out": str(Path(opts["out"]) / "finalists")}
 
@@ -78,27 +80,31 @@ def pick(study, k: int) -> list[Finalist]:
 
 
 def enqueue(fstudy, picked: list[Finalist], out: Path, seeds: list[int]) -> int:
-    """Enqueue each finalist at its values as a fixed trial of the finalists' study (once), and write the cells its
-    trial already trained on a finalist seed to out/cells/, so that they are reused. Returns the count."""
-    present = {(t.user_attrs.get("reference_spec"), S._values_key(t.user_attrs.get("values", {})))
-               for t in fstudy.get_trials(deepcopy=False)}
+    """Enqueue each finalist at its values on each seed as a fixed trial of the finalists' study (once; one trial per
+    design and seed, all designs on a seed before the next seed, so that an interrupted run has whole seeds and
+    more seeds can be added later), and write the cells its trial already trained on a finalist seed to
+    out/cells/, so that they are reused. Returns the count."""
+    present = {(t.user_attrs.get("reference_spec"), S._values_key(t.user_attrs.get("values", {})),
+                t.user_attrs.get("seed")) for t in fstudy.get_trials(deepcopy=False)}
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    n = 0
     for f in picked:
-        a = f.trial.user_attrs
-        for cell in a.get("cells", []):
+        for cell in f.trial.user_attrs.get("cells", []):
             path = out / "cells" / f"{cell.get('key')}.json"
             if "key" in cell and cell["seed"] in seeds and not path.exists():
                 record = {k: v for k, v in cell.items() if k not in ("label", "trial", "reference")}
                 tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
                 tmp.replace(path)
-        if (a["spec"], S._values_key(f.values)) in present:
-            continue
-        attrs = {"reference_spec": a["spec"], "values": f.values, "from_trial": f.trial.number}
-        attrs["reference" if f.reference else "fixed_label"] = f.label
-        fstudy.enqueue_trial({}, user_attrs=attrs)
-        n += 1
+    n = 0
+    for seed in seeds:
+        for f in picked:
+            spec = f.trial.user_attrs["spec"]
+            if (spec, S._values_key(f.values), seed) in present:
+                continue
+            attrs = {"reference_spec": spec, "values": f.values, "from_trial": f.trial.number, "seed": seed}
+            attrs["reference" if f.reference else "fixed_label"] = f.label
+            fstudy.enqueue_trial({}, user_attrs=attrs)
+            n += 1
     return n
 
 
@@ -139,7 +145,8 @@ def run(opts: dict) -> int:
     before = {s: len(fstudy.get_trials(deepcopy=False, states=(s,))) for s in TrialState}
     waiting = before[TrialState.WAITING]
     print(f"finalists (study {fopts['study_name']!r}): the {k} best sampled designs and the {k} best references, "
-          f"each at its best trial's values, on seed(s) {' '.join(map(str, seeds))}: {enqueued} enqueued, "
+          f"each at its best trial's values, on seed(s) {' '.join(map(str, seeds))}: {enqueued} trial(s) "
+          f"(design, seed) enqueued, "
           f"running {waiting} trial(s) on {opts['workers']} worker(s)", flush=True)
     for f in picked:
         print(f"  {f.label} ({'reference' if f.reference else 'sampled'}): trial {f.trial.number}, "

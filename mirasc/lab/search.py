@@ -31,7 +31,7 @@ from .study_storage import _optuna, _serialize_ask, journal_path, make_storage, 
 DEFAULT_TRIALS = 20
 REDUCTION_FACTOR = 3
 MAX_ATTEMPTS = 50          # sampled trials per counted (legal, new) one before a worker gives up
-FIXED_ATTRS = ("reference", "reference_spec", "fixed_label", "values", "from_trial")  # what a fixed trial is
+FIXED_ATTRS = ("reference", "reference_spec", "fixed_label", "values", "from_trial", "seed")  # what a fixed trial is
 PER_DESIGN = 3             # trials one design trains at most under tpe and random (--per-design)
 
 
@@ -48,7 +48,8 @@ def study_config(opts: dict) -> dict:
     """What trials of one study must share: a second invocation on the study must give the same."""
     return json.loads(json.dumps({
         "version": C.EXPLORE_VERSION, "task": opts["task"], "task_config": dataclasses.asdict(opts["task_config"]),
-        "budget": C.budget_of(opts), "seeds": opts["seeds"], "state_budget": opts["state_budget"],
+        "budget": C.budget_of(opts), "seeds": None if opts.get("fixed_only") else opts["seeds"],
+        "state_budget": opts["state_budget"],
         "axes": axis_choices(opts), "knobs": {k: dataclasses.asdict(v) for k, v in opts["knobs"].items()},
         "eval_every": eval_every(opts)}, default=str))
 
@@ -242,8 +243,9 @@ class Objective:
         for name, value in (("label", cand.label), ("design", design), ("spec", cand.canonical),
                             ("head_dim", copts["layer"].get("head_dim") or opts["d_model"] // opts["heads"])):
             trial.set_user_attr(name, value)
+        seeds = [trial.user_attrs["seed"]] if "seed" in trial.user_attrs else opts["seeds"]  # a finalist: one seed
         for t in trial.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-            if t.user_attrs.get("design") == design and t.number != trial.number:
+            if "seed" not in trial.user_attrs and t.user_attrs.get("design") == design and t.number != trial.number:
                 trial.set_user_attr("same_as", t.number)
                 trial.set_user_attr("cells", t.user_attrs.get("cells", []))
                 return t.value
@@ -254,9 +256,9 @@ class Objective:
             raise optuna.TrialPruned(f"the design has {tried} trials already")
         out = Path(opts["out"]) / "cells"
         out.mkdir(parents=True, exist_ok=True)
-        progress = C.Progress(len(opts["seeds"]), quiet=opts["quiet"])
+        progress = C.Progress(len(seeds), quiet=opts["quiet"])
         steps, cells = opts["steps"], []
-        for i, seed in enumerate(opts["seeds"]):
+        for i, seed in enumerate(seeds):
             key = C.cell_key(cand.canonical, opts["task"], opts["task_config"], seed, budget)
             path = out / f"{key}.json"
             record = None
@@ -287,7 +289,7 @@ class Objective:
             for name in ("params", "state_bytes", "seconds_per_step"):
                 trial.set_user_attr(name, record.get(name))
             acc = record["accuracy"][str(record["train_length"])]
-            if self.every and i + 1 < len(opts["seeds"]):
+            if self.every and i + 1 < len(seeds):
                 self._report(trial, optuna, acc, (i + 1) * steps, seed, steps, fixed)
         return statistics.fmean(c["accuracy"][str(c["train_length"])] for c in cells)
 

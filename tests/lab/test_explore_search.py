@@ -393,16 +393,18 @@ def test_references_at_several_rates_then_finalists_on_more_seeds(tmp_path, caps
     trained.clear()
     assert explore.main(argv + ["--trials", "0", "--finalists", "1", "--finalist-seeds", "0", "1"]) == 0
     text = capsys.readouterr().out
-    assert "0 reference design(s) enqueued" in text and "2 enqueued, running 2 trial(s)" in text
+    assert "0 reference design(s) enqueued" in text and "4 trial(s) (design, seed) enqueued, running 4" in text
     assert sorted(trained) == [("deltanet | lr=0.02", 1), ("mlp | l2 | none | momentum | exact | lr=0.004", 1)]
     finals = _study(url, "explore-finalists")
-    assert _states(finals) == ["COMPLETE"] * 2
-    by_label = {t.user_attrs.get("reference") or t.user_attrs["fixed_label"]: t for t in finals.get_trials()}
-    assert set(by_label) == {"deltanet", "mlp | l2 | none | momentum | exact"}
-    assert by_label["deltanet"].user_attrs["values"] == {"lr": 0.02}
-    assert by_label["mlp | l2 | none | momentum | exact"].user_attrs["values"] == {"lr": 0.004}
-    assert by_label["deltanet"].value == pytest.approx(0.705)
-    assert by_label["mlp | l2 | none | momentum | exact"].value == pytest.approx(0.805)
+    assert _states(finals) == ["COMPLETE"] * 4
+    by_label = {(t.user_attrs.get("reference") or t.user_attrs["fixed_label"], t.user_attrs["seed"]): t
+                for t in finals.get_trials()}
+    assert set(by_label) == {(d, s) for d in ("deltanet", "mlp | l2 | none | momentum | exact") for s in (0, 1)}
+    assert [t.user_attrs["seed"] for t in finals.get_trials()] == [0, 0, 1, 1]   # whole seeds first
+    assert by_label["deltanet", 1].user_attrs["values"] == {"lr": 0.02}
+    assert by_label["mlp | l2 | none | momentum | exact", 0].user_attrs["values"] == {"lr": 0.004}
+    assert by_label["deltanet", 0].value == pytest.approx(0.7) and by_label["deltanet", 1].value == pytest.approx(0.71)
+    assert by_label["mlp | l2 | none | momentum | exact", 1].value == pytest.approx(0.81)
     doc = json.loads((out / "finalists" / "leaderboard.json").read_text())
     assert [r["seeds"] for r in doc["leaderboard"]] == [2, 2]
     assert [r.get("reference") for r in doc["leaderboard"]] == [None, "deltanet"]
@@ -411,7 +413,12 @@ def test_references_at_several_rates_then_finalists_on_more_seeds(tmp_path, caps
     assert "the sampled design beats every reference" in text
     trained.clear()                               # a second invocation: nothing new to run
     assert explore.main(argv + ["--trials", "0", "--finalists", "1", "--finalist-seeds", "0", "1"]) == 0
-    assert "0 enqueued, running 0 trial(s)" in capsys.readouterr().out and not trained
+    assert "0 trial(s) (design, seed) enqueued, running 0" in capsys.readouterr().out and not trained
+    assert explore.main(argv + ["--trials", "0", "--finalists", "1", "--finalist-seeds", "0", "1", "2"]) == 0
+    assert "2 trial(s) (design, seed) enqueued, running 2" in capsys.readouterr().out    # one more seed
+    assert sorted(trained) == [("deltanet | lr=0.02", 2), ("mlp | l2 | none | momentum | exact | lr=0.004", 2)]
+    rows = json.loads((out / "finalists" / "leaderboard.json").read_text())["leaderboard"]
+    assert [r["seeds"] for r in rows] == [3, 3]
 
 
 def test_finalists_and_reference_rates_are_refused_outside_a_study(capsys):
