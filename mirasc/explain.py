@@ -126,7 +126,7 @@ def _equations(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     """The update rule as lines: the memory and the bias, the gradient and the learner's step, the retention, the
     read."""
     return (_memory_lines(spec, d, latex) + _step_lines(spec, d, latex) + _retention_lines(spec, d, latex)
-            + _read_lines(spec))
+            + _read_lines(spec, d))
 
 
 def _memory_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
@@ -225,39 +225,72 @@ def _step_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     return out
 
 
+class _RetentionText:
+    """A retention's lines of the update rule, one `_print_<Class>` method per retention of language/retention.py
+    (the SymPy printers' design): its step from W_{t−1} and U_t (`step`), and what the state holds at the end of a
+    sequence where it differs from W (`state`). `chunk`: the parallel form reads the weights at chunk ends
+    (docs/semantics.md: chunk readouts), which changes what lq and kl compute."""
+
+    def __init__(self, spec: S.Spec, d: Derivation, latex: bool):
+        par = spec.parallel
+        self.r, self.d, self.latex = spec.retention, d, latex
+        self.chunk = par.kind == "minibatch" and par.readout == "chunk"
+
+    def step(self) -> list[str]:
+        return getattr(self, f"_print_{type(self.r).__name__}")()
+
+    def state(self) -> list[str]:
+        return getattr(self, f"_state_{type(self.r).__name__}", list)() if self.chunk else []
+
+    def _print_NoRetention(self) -> list[str]:
+        return ["retention:  W_t = W_{t−1} + U_t"]
+
+    def _print_Decay(self) -> list[str]:
+        if self.r.order == "pre":
+            return ["retention:  W_t = W'_{t−1} + U_t"]
+        return [f"retention:  W_t = {_scaled(self.r.alpha, 'α', 'W_{t−1}')} + U_t"]
+
+    def _print_Lq(self) -> list[str]:
+        r, q = self.r, S.format_value(self.r.q)
+        if self.chunk:
+            return [f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / n_c  (the chunk's "
+                    f"frozen normaliser), q = {q}"]
+        return [f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), q = {q}"]
+
+    def _print_KL(self) -> list[str]:
+        r, c = self.r, S.format_value(self.r.c)
+        if self.chunk:
+            alpha_s = _sym(r.alpha, "α").replace("_t", "_s")
+            return [f"retention:  W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), c = {c}"
+                    "  (rows; the chunk's first token s)",
+                    f"later:      W_t = {_scaled(r.alpha, 'α', 'W_{t−1}')} + U_t  for t = s+1..e (weight space)"]
+        return [f"retention:  W_t = c·softmax({_scaled(r.alpha, 'α', 'log W_{t−1}')} + U_t), c = {c}"
+                "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))"]
+
+    def _print_Elastic(self) -> list[str]:  # an entrywise map of the accumulator
+        return [f"retention:  A_t = {_scaled(self.r.alpha, 'α', 'A_{t−1}')} + U_t,  "
+                f"W_t = {_show(self.d.entrywise, self.latex)} at a = A_t"]
+
+    _print_Box = _print_Elastic
+
+    def _print_Bregman(self) -> list[str]:
+        d, latex = self.d, self.latex
+        return [f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}",
+                f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}"]
+
+    def _state_Lq(self) -> list[str]:
+        return ["state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "
+                "is not read: each chunk re-normalises from A"]
+
+    def _state_KL(self) -> list[str]:
+        return ["state:      final W = W_T in weight space (it may leave the simplex); the next chunk's first token "
+                "reads log max(W, 1e-12)"]
+
+
 def _retention_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     """The retention's step from W_{t−1} and U_t, and a multi-step learner's sub-steps."""
-    r, par = spec.retention, spec.parallel
-    out: list[str] = []
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
-    if r.kind == "none":
-        out.append("retention:  W_t = W_{t−1} + U_t")
-    elif r.kind == "decay":
-        if r.order == "pre":
-            out.append("retention:  W_t = W'_{t−1} + U_t")
-        else:
-            out.append(f"retention:  W_t = {_scaled(r.alpha, 'α', 'W_{t−1}')} + U_t")
-    elif r.kind == "lq" and chunk_readout:
-        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / n_c  (the chunk's "
-                   f"frozen normaliser), q = {S.format_value(r.q)}")
-    elif r.kind == "kl" and chunk_readout:
-        alpha_s = _sym(r.alpha, "α").replace("_t", "_s")
-        out.append(f"retention:  W_s = c·softmax({alpha_s}·log max(W_{{s−1}}, 1e-12) + U_s), c = {S.format_value(r.c)}"
-                   "  (rows; the chunk's first token s)")
-        out.append(f"later:      W_t = {_scaled(r.alpha, 'α', 'W_{t−1}')} + U_t  for t = s+1..e (weight space)")
-    elif r.kind == "lq":
-        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  W_t = A_t / ‖A_t‖_q^(q−2), "
-                   f"q = {S.format_value(r.q)}")
-    elif r.kind == "kl":
-        softmax_arg = _scaled(r.alpha, "α", "log W_{t−1}")
-        out.append(f"retention:  W_t = c·softmax({softmax_arg} + U_t), c = {S.format_value(r.c)}"
-                   "  (rows; computed as Z_t = α Z_{t−1} + U_t, Z = log(W/c))")
-    elif d.entrywise is not None:  # an entrywise map of the accumulator (elastic's shrink)
-        out.append(f"retention:  A_t = {_scaled(r.alpha, 'α', 'A_{t−1}')} + U_t,  "
-                   f"W_t = {_show(d.entrywise, latex)} at a = A_t")
-    elif r.kind == "bregman":
-        out.append(f"retention:  W_t = (φ')⁻¹(φ'(W_{{t−1}}) + U_t),  φ(w) = {_show(d.phi, latex)}")
-        out.append(f"derived:    φ'(w) = {_show(d.phi_prime, latex)},  (φ')⁻¹(u) = {_show(d.phi_prime_inv, latex)}")
+    r = spec.retention
+    out = _RetentionText(spec, d, latex).step()
     if spec.steps > 1:  # a multi-step learner: the token's pairs as sub-steps (docs/semantics.md)
         alpha = "; α_t at j = 1 only (1 after it)" if getattr(r, "alpha", None) is not None else ""
         out.append(f"steps:      token t runs the lines above {spec.steps} times, j = 1..{spec.steps}, with "
@@ -266,24 +299,17 @@ def _retention_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     return out
 
 
-def _read_lines(spec: S.Spec) -> list[str]:
+def _read_lines(spec: S.Spec, d: Derivation) -> list[str]:
     """The read, and the state a chunk readout leaves."""
-    m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
+    m, r, l = spec.memory, spec.retention, spec.learner
     out: list[str] = []
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
     if spec.normalized:
         out.append(f"normaliser: z_t = {_scaled(r.alpha, 'α', 'z_{t−1}') if r.kind == 'decay' else 'z_{t−1}'} + "
                    f"{_sym(getattr(l, 'lr', 1.0), 'η')}·φ(k_t)  (W's row for the value 1)")
         out.append(f"read:       o_t = W_t φ(q_t) / (z_tᵀ φ(q_t) + eps),  eps = {S.format_value(m.eps)}")
     else:
         out.append("read:       o_t = M_{W_t}(q_t)")
-    if chunk_readout and r.kind == "lq":
-        out.append("state:      final A = A_T, W = A_T / n_c of the last chunk (what its last read used); a state's W "
-                   "is not read: each chunk re-normalises from A")
-    elif chunk_readout and r.kind == "kl":
-        out.append("state:      final W = W_T in weight space (it may leave the simplex); the next chunk's first token "
-                   "reads log max(W, 1e-12)")
-    return out
+    return out + _RetentionText(spec, d, False).state()
 
 
 def _nonparametric(m: S.Nonparametric, r=None) -> list[str]:
