@@ -168,23 +168,13 @@ def _memory_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
 
 def _step_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
     """Where the gradient is taken (chunk anchors, pre-decay), the gradient, the learning rate, the learner."""
-    r, l, par = spec.retention, spec.learner, spec.parallel
+    par = spec.parallel
     out: list[str] = []
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
     at = "W_{t−1}"
     if par.kind == "minibatch":
         at = f"the anchor state (end of the previous chunk of {par.C})"
-    if chunk_readout and r.kind == "lq":
-        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: n_c = ‖A_{{s−1}}‖_q^(q−2) "
-                   "once per chunk")
-        at = "the anchor W_{s−1} = A_{s−1} / n_c"
-    elif chunk_readout and r.kind == "kl":
-        out.append(f"chunk:      tokens s..e, {par.C} per chunk; readout=chunk: the first token s takes the "
-                   "softmax step")
-        at = "W_{s−1} for t = s (the state the previous chunk left), at W_s for t = s+1..e"
-    if r.kind == "decay" and r.order == "pre":
-        out.append(f"pre-decay:  W'_{{t−1}} = {_scaled(r.alpha, 'α', 'W_{t−1}')}")
-        at = "W'_{t−1}"
+    lines, at = _RetentionText(spec, d, latex).anchor(at)
+    out += lines
     gdelta = spec.generalized_delta
     if gdelta == "read":  # l2(read=kappa): the error read at κ, stepped along k
         out.append(f"gradient:   g_t = (M_W(κ_t) − v_t) k_tᵀ at {at}   (error read at κ, stepped along k)")
@@ -196,33 +186,52 @@ def _step_lines(spec: S.Spec, d: Derivation, latex: bool) -> list[str]:
                    f"c = {c}; each term with token i's own coefficients; tokens before the first are absent)")
     else:
         out.append(f"gradient:   g_t = ∇_W ℓ(M_W(k_t), v_t) at {at}")
-    lr = getattr(l, "lr", 1.0)
-    if lr == S.GATE_V:  # the loss weighted per output channel; for a linear memory this is diag(η_t)·g_t
-        out.append("loss:       ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
-        step = "g_t"
-    elif lr == S.GATE_K:
-        step = "g_t·diag(η_t)"
-    else:
-        step = f"{_sym(lr, 'η')}·g_t"
-    if l.kind == "precond":  # the statistic of the gradient's key-side factor k_t, per key channel
-        out.append(f"statistic:  a_t = {_sym(l.nu, 'ν')}·a_{{t−1}} + {_sym(l.rho, 'ρ')}·k_t ⊙ k_t   (a ∈ ℝ^Dk, per key "
-                   "channel; it does not read W)")
+    return out + _LearnerText(spec).lines()
+
+
+class _LearnerText:
+    """A learner's lines of the update rule, from the gradient g_t to the update U_t: one `_print_<Class>` method per
+    learner of language/learner.py (as _RetentionText), after the learning rate's own line where it has one."""
+
+    def __init__(self, spec: S.Spec):
+        self.l, self.erase = spec.learner, spec.generalized_delta == "erase"
+        self.lr = getattr(self.l, "lr", 1.0)
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.lr == S.GATE_V:  # the loss weighted per output channel; for a linear memory this is diag(η_t)·g_t
+            out.append("loss:       ℓ_t = Σᵢ η_{t,i}·ℓ(eᵢ)  (lr=gate(v): η_t ∈ ℝ^Dv weights each output channel)")
+        return out + getattr(self, f"_print_{type(self.l).__name__}", self._print_GD)()
+
+    def step(self) -> str:
+        """η_t·g_t as the learner scales it."""
+        if self.lr == S.GATE_V:
+            return "g_t"
+        return "g_t·diag(η_t)" if self.lr == S.GATE_K else f"{_sym(self.lr, 'η')}·g_t"
+
+    def _print_GD(self, step: str | None = None) -> list[str]:
+        step = step or self.step()
+        if self.erase:
+            return [f"learner:    U_t = −{step} + v_t k_tᵀ   (the write, at unit rate)"]
+        return [f"learner:    U_t = −{step}"]
+
+    def _print_Precond(self) -> list[str]:  # the statistic of the gradient's key-side factor k_t, per key channel
+        l, lr = self.l, self.lr
+        out = [f"statistic:  a_t = {_sym(l.nu, 'ν')}·a_{{t−1}} + {_sym(l.rho, 'ρ')}·k_t ⊙ k_t   (a ∈ ℝ^Dk, per key "
+               "channel; it does not read W)"]
         if l.transform == "atk":
             out.append(f"multiplier: m_t = {S.format_value(l.base)}^(−r/(1+|r|)),  r = log(a_t + "
                        f"{S.format_value(l.eps)}) − ({S.format_value(l.center)})   (ATK)")
         else:
             out.append(f"multiplier: m_t = (a_t + {S.format_value(l.eps)})^(−1/2)   (rms)")
-        step = "g_t·diag(η_t ⊙ m_t)" if lr == S.GATE_K else f"{_sym(lr, 'η')}·g_t·diag(m_t)"
-    if l.kind == "momentum":
-        out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} − {step},  U_t = S_t")
-    elif l.kind == "muon":
-        out.append(f"learner:    S_t = {_scaled(l.theta, 'θ', 'S_{t−1}')} + g_t,  "
-                   f"U_t = −{_sym(lr, 'η')}·NS_{l.ns_steps}(S_t)   (Newton–Schulz on each weight matrix)")
-    elif gdelta == "erase":
-        out.append(f"learner:    U_t = −{step} + v_t k_tᵀ   (the write, at unit rate)")
-    else:
-        out.append(f"learner:    U_t = −{step}")
-    return out
+        return out + self._print_GD("g_t·diag(η_t ⊙ m_t)" if lr == S.GATE_K else f"{_sym(lr, 'η')}·g_t·diag(m_t)")
+
+    def _print_Momentum(self) -> list[str]:
+        return [f"learner:    S_t = {_scaled(self.l.theta, 'θ', 'S_{t−1}')} − {self.step()},  U_t = S_t"]
+
+    def _print_Muon(self) -> list[str]:
+        return [f"learner:    S_t = {_scaled(self.l.theta, 'θ', 'S_{t−1}')} + g_t,  "
+                f"U_t = −{_sym(self.lr, 'η')}·NS_{self.l.ns_steps}(S_t)   (Newton–Schulz on each weight matrix)"]
 
 
 class _RetentionText:
@@ -235,12 +244,35 @@ class _RetentionText:
         par = spec.parallel
         self.r, self.d, self.latex = spec.retention, d, latex
         self.chunk = par.kind == "minibatch" and par.readout == "chunk"
+        self.C = getattr(par, "C", None)
 
     def step(self) -> list[str]:
         return getattr(self, f"_print_{type(self.r).__name__}")()
 
     def state(self) -> list[str]:
         return getattr(self, f"_state_{type(self.r).__name__}", list)() if self.chunk else []
+
+    def anchor(self, at: str) -> tuple[list[str], str]:
+        """Where the gradient is taken, `at` unless the retention moves it (with the lines that say why)."""
+        method = getattr(self, f"_anchor_{type(self.r).__name__}", None)
+        return method(at) if method is not None else ([], at)
+
+    def _anchor_Decay(self, at: str) -> tuple[list[str], str]:
+        if self.r.order != "pre":
+            return [], at
+        return [f"pre-decay:  W'_{{t−1}} = {_scaled(self.r.alpha, 'α', 'W_{t−1}')}"], "W'_{t−1}"
+
+    def _anchor_Lq(self, at: str) -> tuple[list[str], str]:
+        if not self.chunk:
+            return [], at
+        return ([f"chunk:      tokens s..e, {self.C} per chunk; readout=chunk: n_c = ‖A_{{s−1}}‖_q^(q−2) "
+                 "once per chunk"], "the anchor W_{s−1} = A_{s−1} / n_c")
+
+    def _anchor_KL(self, at: str) -> tuple[list[str], str]:
+        if not self.chunk:
+            return [], at
+        return ([f"chunk:      tokens s..e, {self.C} per chunk; readout=chunk: the first token s takes the "
+                 "softmax step"], "W_{s−1} for t = s (the state the previous chunk left), at W_s for t = s+1..e")
 
     def _print_NoRetention(self) -> list[str]:
         return ["retention:  W_t = W_{t−1} + U_t"]
