@@ -1,5 +1,5 @@
 """What the flash kernels of softmax memories and the stick-breaking kernels share: exp through exp2,
-the products (16-bit operands or exact fp32, PREC and WIDEN_ from the host's `_dot_options`), the sequence a
+the products (16-bit operands or exact fp32, PREC and WIDEN_ from the host's `_dot_options`), tile loads, the sequence a
 program reads when sequences are packed, and the backward's δ = rowsum(dO ∘ O)."""
 
 import triton
@@ -17,6 +17,14 @@ def _mm(a, b, acc, PREC: tl.constexpr, WIDEN_: tl.constexpr):
     else:
         out = tl.dot(a, b, acc, input_precision=PREC)
     return out
+
+
+@triton.jit
+def _tile(P, rows, n_rows, cols, n_cols, s_row, s_col):
+    """The tile P[rows, cols] of a strided matrix (element (r, c) at P + r·s_row + c·s_col) in its own dtype, zero
+    at rows >= n_rows and columns >= n_cols."""
+    return tl.load(P + rows[:, None] * s_row + cols[None, :] * s_col,
+                   mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
 
 @triton.jit

@@ -5,7 +5,7 @@ over key tiles; never a T x T matrix in memory."""
 import triton
 import triton.language as tl
 
-from .attention import _LN2, _LOG2E, _flash_sequence, _mm, _rn
+from .attention import _LN2, _LOG2E, _flash_sequence, _mm, _rn, _tile
 
 
 @triton.jit
@@ -45,10 +45,8 @@ def _flash_fwd_tiles(acc, l_i, m_i, q, cq, q_idx, lo, hi, K, V, C, Tk, DK, DV, q
     dv = tl.arange(0, BDV)
     for start in range(lo, hi, BN):
         k_idx = start + tl.arange(0, BN)
-        k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                    mask=(k_idx[:, None] < Tk) & (dk[None, :] < DK), other=0.0)
-        v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                    mask=(k_idx[:, None] < Tk) & (dv[None, :] < DV), other=0.0)
+        k = _tile(K, k_idx, Tk, dk, DK, skt, skd)
+        v = _tile(V, k_idx, Tk, dv, DV, svt, svd)
         s = _mm(q, tl.trans(k), None, PREC, WIDEN_) * qk_scale
         if DECAY_:  # log2 of the pair's decayed weight, <= 0 where visible
             ck = tl.load(C + k_idx, mask=k_idx < Tk, other=0.0)
@@ -89,8 +87,7 @@ def _flash_fwd(Q, K, V, O, LSE, C, CU, SINKS, scale, Tq, Tk, TQ_ROW, TK_ROW, H, 
     q_idx = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                mask=(q_idx[:, None] < Tq) & (dk[None, :] < DK), other=0.0)
+    q = _tile(Q, q_idx, Tq, dk, DK, sqt, sqd)
     cq = m0  # unused without a decay
     if DECAY_:
         cq = tl.load(C + q_idx, mask=q_idx < Tq, other=0.0)
@@ -128,6 +125,21 @@ def _flash_fwd(Q, K, V, O, LSE, C, CU, SINKS, scale, Tq, Tk, TQ_ROW, TK_ROW, H, 
 
 
 @triton.jit
+def _flash_p(q, k, lse, cq, ck, q_idx, k_idx, Tk, qk_scale,
+             CAUSAL_: tl.constexpr, WINDOW_: tl.constexpr, DECAY_: tl.constexpr, MASK_: tl.constexpr,
+             PREC: tl.constexpr, WIDEN_: tl.constexpr):
+    """P of one (query tile, key tile) pair in the backward, recomputed from the forward's LSE (log2 units here).
+    MASK_: the pair takes the visibility test."""
+    s = _mm(q, tl.trans(k), None, PREC, WIDEN_) * qk_scale
+    if DECAY_:
+        s += (cq[:, None] - ck[None, :]) * _LOG2E
+    p = tl.math.exp2(s - lse[:, None])
+    if MASK_:
+        p = tl.where(_visible_tile(q_idx, k_idx, Tk, CAUSAL_, WINDOW_), p, 0.0)
+    return p
+
+
+@triton.jit
 def _flash_dkdv_tiles(dk_acc, dv_acc, dc_acc, k, v, ck, k_idx, lo, hi, Q, DO, LSE, DELTA, C, Tq, Tk, DK, DV,
                       qk_scale, sqb, sqt, sqd, sob, sot, sod,
                       CAUSAL_: tl.constexpr, WINDOW_: tl.constexpr, DECAY_: tl.constexpr, MASK_: tl.constexpr,
@@ -139,19 +151,14 @@ def _flash_dkdv_tiles(dk_acc, dv_acc, dc_acc, k, v, ck, k_idx, lo, hi, Q, DO, LS
     dv = tl.arange(0, BDV)
     for start in range(lo, hi, BM):
         q_idx = start + tl.arange(0, BM)
-        q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                    mask=(q_idx[:, None] < Tq) & (dk[None, :] < DK), other=0.0)
-        do = tl.load(DO + q_idx[:, None] * sot + dv[None, :] * sod,
-                     mask=(q_idx[:, None] < Tq) & (dv[None, :] < DV), other=0.0)
+        q = _tile(Q, q_idx, Tq, dk, DK, sqt, sqd)
+        do = _tile(DO, q_idx, Tq, dv, DV, sot, sod)
         lse = tl.load(LSE + q_idx, mask=q_idx < Tq, other=float("inf")) * _LOG2E
         delta = tl.load(DELTA + q_idx, mask=q_idx < Tq, other=0.0)
-        s = _mm(q, tl.trans(k), None, PREC, WIDEN_) * qk_scale
+        cq = q_idx  # unused without a decay
         if DECAY_:
             cq = tl.load(C + q_idx, mask=q_idx < Tq, other=0.0)
-            s += (cq[:, None] - ck[None, :]) * _LOG2E
-        p = tl.math.exp2(s - lse[:, None])
-        if MASK_:
-            p = tl.where(_visible_tile(q_idx, k_idx, Tk, CAUSAL_, WINDOW_), p, 0.0)
+        p = _flash_p(q, k, lse, cq, ck, q_idx, k_idx, Tk, qk_scale, CAUSAL_, WINDOW_, DECAY_, MASK_, PREC, WIDEN_)
         dv_acc = _mm(tl.trans(p.to(do.dtype)), do, dv_acc, PREC, WIDEN_)
         dp = _mm(do, tl.trans(v), None, PREC, WIDEN_)
         ds = p * (dp - delta[:, None])
@@ -185,10 +192,8 @@ def _flash_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK_, DV_, C, DC_, CU, scale, Tq, Tk
     k_idx = n0 + tl.arange(0, BN)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                mask=(k_idx[:, None] < Tk) & (dk[None, :] < DK), other=0.0)
-    v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                mask=(k_idx[:, None] < Tk) & (dv[None, :] < DV), other=0.0)
+    k = _tile(K, k_idx, Tk, dk, DK, skt, skd)
+    v = _tile(V, k_idx, Tk, dv, DV, svt, svd)
     dk_acc = tl.zeros([BN, BDK], tl.float32)
     dv_acc = tl.zeros([BN, BDV], tl.float32)
     dc_acc = tl.zeros([BN], tl.float32)
@@ -243,17 +248,12 @@ def _flash_dq_tiles(dq_acc, dc_acc, q, do, lse, delta, cq, q_idx, lo, hi, K, V, 
     dv = tl.arange(0, BDV)
     for start in range(lo, hi, BN):
         k_idx = start + tl.arange(0, BN)
-        k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                    mask=(k_idx[:, None] < Tk) & (dk[None, :] < DK), other=0.0)
-        v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                    mask=(k_idx[:, None] < Tk) & (dv[None, :] < DV), other=0.0)
-        s = _mm(q, tl.trans(k), None, PREC, WIDEN_) * qk_scale
+        k = _tile(K, k_idx, Tk, dk, DK, skt, skd)
+        v = _tile(V, k_idx, Tk, dv, DV, svt, svd)
+        ck = k_idx  # unused without a decay
         if DECAY_:
             ck = tl.load(C + k_idx, mask=k_idx < Tk, other=0.0)
-            s += (cq[:, None] - ck[None, :]) * _LOG2E
-        p = tl.math.exp2(s - lse[:, None])
-        if MASK_:
-            p = tl.where(_visible_tile(q_idx, k_idx, Tk, CAUSAL_, WINDOW_), p, 0.0)
+        p = _flash_p(q, k, lse, cq, ck, q_idx, k_idx, Tk, qk_scale, CAUSAL_, WINDOW_, DECAY_, MASK_, PREC, WIDEN_)
         dp = _mm(do, tl.trans(v), None, PREC, WIDEN_)
         ds = p * (dp - delta[:, None])
         dq_acc = _mm(ds.to(k.dtype), k, dq_acc, PREC, WIDEN_)
@@ -285,10 +285,8 @@ def _flash_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ_, C, DC_, CU, scale, Tq, Tk, TQ_RO
     q_idx = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                mask=(q_idx[:, None] < Tq) & (dk[None, :] < DK), other=0.0)
-    do = tl.load(DO + q_idx[:, None] * sot + dv[None, :] * sod,
-                 mask=(q_idx[:, None] < Tq) & (dv[None, :] < DV), other=0.0)
+    q = _tile(Q, q_idx, Tq, dk, DK, sqt, sqd)
+    do = _tile(DO, q_idx, Tq, dv, DV, sot, sod)
     # rows past Tq: LSE = +inf, so P = 0 on them without a test
     lse = tl.load(LSE + q_idx, mask=q_idx < Tq, other=float("inf")) * _LOG2E
     delta = tl.load(DELTA + q_idx, mask=q_idx < Tq, other=0.0)

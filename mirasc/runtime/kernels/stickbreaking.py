@@ -5,7 +5,7 @@ backward's dq and dk/dv."""
 import triton
 import triton.language as tl
 
-from .attention import _flash_sequence, _mm
+from .attention import _flash_sequence, _mm, _tile
 
 
 @triton.jit
@@ -63,17 +63,14 @@ def _sb_fwd(Q, K, V, O, REM, CU, scale, T, TT, H, DK, DV,
     q_idx = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                mask=(q_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
+    q = _tile(Q, q_idx, T, dk, DK, sqt, sqd)
     acc = tl.zeros([BM, BDV], tl.float32)
     stick = tl.zeros([BM], tl.float32)  # Σ log(1 − β) over the keys passed so far (the newer ones)
     top, bottom = _sb_key_tiles(m0, T, BM, BN, WINDOW_)
     for n in range(0, top - bottom + 1):  # newest tile first
         k_idx = (top - n) * BN + tl.arange(0, BN)
-        k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                    mask=(k_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
-        v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                    mask=(k_idx[:, None] < T) & (dv[None, :] < DV), other=0.0)
+        k = _tile(K, k_idx, T, dk, DK, skt, skd)
+        v = _tile(V, k_idx, T, dv, DV, svt, svd)
         z, sp, vis, log_keep, w = _sb_weights(q, k, q_idx, k_idx, T, stick, scale, WINDOW_, CURRENT_,
                                               PREC, WIDEN_)
         acc = _mm(w.to(v.dtype), v, acc, PREC, WIDEN_)
@@ -110,10 +107,8 @@ def _sb_bwd_dq(Q, K, V, DO, DELTA, DQ_, STICK, GSUM, CU, scale, T, TT, H, NB, DK
     q_idx = m0 + tl.arange(0, BM)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                mask=(q_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
-    do = tl.load(DO + q_idx[:, None] * sot + dv[None, :] * sod,
-                 mask=(q_idx[:, None] < T) & (dv[None, :] < DV), other=0.0)
+    q = _tile(Q, q_idx, T, dk, DK, sqt, sqd)
+    do = _tile(DO, q_idx, T, dv, DV, sot, sod)
     delta = tl.load(DELTA + q_idx, mask=q_idx < T, other=0.0)
     dq_acc = tl.zeros([BM, BDK], tl.float32)
     stick = tl.zeros([BM], tl.float32)
@@ -125,10 +120,8 @@ def _sb_bwd_dq(Q, K, V, DO, DELTA, DQ_, STICK, GSUM, CU, scale, T, TT, H, NB, DK
         tl.store(STICK + carry, stick, mask=q_idx < T)
         tl.store(GSUM + carry, gsum, mask=q_idx < T)
         k_idx = j * BN + tl.arange(0, BN)
-        k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                    mask=(k_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
-        v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                    mask=(k_idx[:, None] < T) & (dv[None, :] < DV), other=0.0)
+        k = _tile(K, k_idx, T, dk, DK, skt, skd)
+        v = _tile(V, k_idx, T, dv, DV, svt, svd)
         z, sp, vis, log_keep, w = _sb_weights(q, k, q_idx, k_idx, T, stick, scale, WINDOW_, CURRENT_,
                                               PREC, WIDEN_)
         # w as the forward's dot took it (rounded to v's dtype), so that Σ_s g_ts is dO_t·o_t, δ's first term
@@ -167,10 +160,8 @@ def _sb_bwd_dkdv(Q, K, V, DO, DELTA, DK_, DV_, STICK, GSUM, CU, scale, T, TT, H,
     k_idx = n0 + tl.arange(0, BN)
     dk = tl.arange(0, BDK)
     dv = tl.arange(0, BDV)
-    k = tl.load(K + k_idx[:, None] * skt + dk[None, :] * skd,
-                mask=(k_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
-    v = tl.load(V + k_idx[:, None] * svt + dv[None, :] * svd,
-                mask=(k_idx[:, None] < T) & (dv[None, :] < DV), other=0.0)
+    k = _tile(K, k_idx, T, dk, DK, skt, skd)
+    v = _tile(V, k_idx, T, dv, DV, svt, svd)
     dk_acc = tl.zeros([BN, BDK], tl.float32)
     dv_acc = tl.zeros([BN, BDV], tl.float32)
     hi = T
@@ -178,10 +169,8 @@ def _sb_bwd_dkdv(Q, K, V, DO, DELTA, DK_, DV_, STICK, GSUM, CU, scale, T, TT, H,
         hi = tl.minimum(T, n0 + BN + WINDOW_ - 1)
     for start in range(n0 // BM * BM, hi, BM):
         q_idx = start + tl.arange(0, BM)
-        q = tl.load(Q + q_idx[:, None] * sqt + dk[None, :] * sqd,
-                    mask=(q_idx[:, None] < T) & (dk[None, :] < DK), other=0.0)
-        do = tl.load(DO + q_idx[:, None] * sot + dv[None, :] * sod,
-                     mask=(q_idx[:, None] < T) & (dv[None, :] < DV), other=0.0)
+        q = _tile(Q, q_idx, T, dk, DK, sqt, sqd)
+        do = _tile(DO, q_idx, T, dv, DV, sot, sod)
         delta = tl.load(DELTA + q_idx, mask=q_idx < T, other=0.0)
         carry = q_idx * NB + pid_n
         stick = tl.load(STICK + carry, mask=q_idx < T, other=0.0)
