@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -262,6 +263,16 @@ def complete_record(record: dict, cand: Candidate, opts: dict) -> dict:
                                               opts["task_config"].seq_len),
                       state_grows=not spec.parametric, head_dim=head_dim)
     return record
+
+
+def write_cell(folder: Path, record: dict) -> Path:
+    """Write a finished cell to folder/<its key>.json whole or not at all (a temporary file per process, renamed),
+    so that several workers, and an interrupted one, never leave a torn cell. Returns the path."""
+    path = Path(folder) / f"{record['key']}.json"
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def design_key(canonical: str, task: str, task_config, budget: dict) -> str:

@@ -335,9 +335,7 @@ def _grid(opts: dict) -> int:
                 progress.done += 1
                 continue
             record["key"] = key
-            tmp = out / "cells" / f"{key}.json.tmp"
-            tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-            tmp.replace(out / "cells" / f"{key}.json")
+            C.write_cell(out / "cells", record)
             stored[key] = record
             progress.done += 1
     except KeyboardInterrupt:  # Ctrl-C: rank what finished, so the time spent is not lost

@@ -16,9 +16,7 @@ exceeds twice its standard error (the two standard errors over seeds in quadratu
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -91,10 +89,7 @@ def enqueue(fstudy, picked: list[Finalist], out: Path, seeds: list[int]) -> int:
         for cell in f.trial.user_attrs.get("cells", []):
             path = out / "cells" / f"{cell.get('key')}.json"
             if "key" in cell and cell["seed"] in seeds and not path.exists():
-                record = {k: v for k, v in cell.items() if k not in ("label", "trial", "reference")}
-                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-                tmp.replace(path)
+                C.write_cell(out / "cells", {k: v for k, v in cell.items() if k not in ("label", "trial", "reference")})
     n = 0
     for seed in seeds:
         for f in picked:

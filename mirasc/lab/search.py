@@ -276,9 +276,7 @@ class Objective:
                                       lambda step, acc, i=i, seed=seed: self._report(
                                           trial, optuna, acc, i * steps + step, seed, step, fixed))
                 record["key"] = key
-                tmp = out / f"{key}.json.{os.getpid()}.tmp"
-                tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-                tmp.replace(path)
+                C.write_cell(out, record)
             record["label"] = cand.label
             if reference:
                 record["reference"] = reference
