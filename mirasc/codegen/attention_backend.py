@@ -56,7 +56,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "NONPARAMETRIC": runtime_source("nonparametric"),
-        "INPUTS": runtime_source("inputs"),
+        "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "GPU_LIMITS": runtime_source("gpu_limits"), "CUSTOM_OPS": runtime_source("custom_ops"),
         "FLASH_SPACE": runtime_source("flash_space"),

@@ -262,6 +262,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["SEGMENTS"] = runtime_source("segments")
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
+    subs["GPU_LIMITS"] = runtime_source("gpu_limits")
+    subs["LAUNCH_PLAN"] = runtime_source("launch_plan")
     subs["INPUTS"] = runtime_source("inputs")
     hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
     hooks.update(torch_learner.hooks(torch_learner.for_spec(spec)))

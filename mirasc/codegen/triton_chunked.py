@@ -57,7 +57,6 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
-            .replace("{{GPU_LIMITS}}", runtime_source("gpu_limits"))
             .replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
             .replace("{{CHUNK_DOTS}}\n", kernels_source("dots") + "\n")
             .replace("{{CHUNK_KERNELS}}\n", chunk_kernels_source(family, flags) + "\n"))

@@ -40,10 +40,11 @@ def _interpreted():
     return bool(getattr(knobs, "interpret", False))
 
 
-def _tile_candidates(layout, Dk, Dv, Ne, tiles):
+def _tile_candidates(layout, Dk, Dv, Ne, tiles, gpu=False):
     """The (BV, num_warps) configurations the resource model allows, best guess first.
 
-    Under the interpreter: BV = 4 (16 where the batched factors need tl.dot), so small tests cross V tiles.
+    Under the interpreter (unless `gpu`: a GPU's candidates whatever runs here): BV = 4 (16 where the batched
+    factors need tl.dot), so small tests cross V tiles.
     On a GPU (and for ahead-of-time compiles): every BV in 32 .. 1 with 4 or 8 warps whose live state tiles
     (`tiles` [BV, BK] fp32 tiles, counted at code generation, plus two [C, BK] token tiles where the
     mini-batch factors are batched) fit _REG_BUDGET values per thread, 4 warps before 8, then widest BV
@@ -61,7 +62,7 @@ def _tile_candidates(layout, Dk, Dv, Ne, tiles):
         return [(full, 8 if big else 4)]  # not tuned: these compile slowly
     if _TILE_OVERRIDE:
         out = [tuple(_TILE_OVERRIDE)]
-    elif _interpreted():
+    elif _interpreted() and not gpu:
         out = [(max(low, 4), 4)]
     else:
         out = [(bv, w) for w in (4, 8) for bv in (32, 16, 8, 4, 2, 1)
@@ -125,7 +126,7 @@ def _recurrent_space(layout, tiles):
     model's candidates at the launch's sizes, as many as the first launch times. The model bounds registers,
     not shared memory (these kernels use almost none), so smem_limit does not prune it."""
     def space(args, smem_limit):
-        cands = _tile_candidates(layout, args["Nk"], args["Nv"], args["Ne"], tiles)[:_TUNE_MAX]
+        cands = _tile_candidates(layout, args["Nk"], args["Nv"], args["Ne"], tiles, gpu=True)[:_TUNE_MAX]
         return [triton.Config({"BV": bv}, num_warps=w) for bv, w in cands]  # default stages, as launched
     return space
 
@@ -146,22 +147,28 @@ def _state_fits(layout, Dk, Dv, Ne, tiles):
     return _whole_state_values(layout, Dk, Dv, Ne, tiles) <= _WHOLE_STATE_LIMIT
 
 
-def _check_fits(layout, Dk, Dv, Ne, tiles, backward):
-    """Refuse, with the limit, a size whose live tiles cannot stay on chip. Coupled specs keep the whole state of a
-    (batch, head) in one program; measured on sm_90 (Moneta): the limit's edge (D = 16 backward, D = 32 forward)
-    already spills 8 KB and compiles in 25-60 s; beyond it ptxas runs for many minutes (D = 128, E = 512: over 7).
-    The interpreter has no such limit."""
-    if _interpreted() or _state_fits(layout, Dk, Dv, Ne, tiles):
-        return
+def _fit_error(layout, Dk, Dv, Ne, tiles, backward):
+    """None where a kernel keeping `tiles` live tiles has a configuration at these sizes on a GPU, else why not.
+    Coupled specs keep the whole state of a (batch, head) in one program; measured on sm_90 (Moneta): the limit's
+    edge (D = 16 backward, D = 32 forward) already spills 8 KB and compiles in 25-60 s; beyond it ptxas runs for
+    many minutes (D = 128, E = 512: over 7)."""
+    if _state_fits(layout, Dk, Dv, Ne, tiles):
+        return None
     kernel = f"the fused recurrent Triton {'backward' if backward else 'forward'} kernel of this spec"
     if layout.v_tiles:
-        raise RuntimeError(
-            f"{kernel} keeps one row of {tiles} state tiles over all {Dk} key columns even at BV = 1"
-            + (" (feature=poly: the kernels' key width is φ_p's, 1 + Dk + … + Dk^p)" if layout.features else "")
-            + f": about {tiles * triton.next_power_of_2(Dk)} fp32 values, over the {_WHOLE_STATE_LIMIT} that fit in "
-            "registers (255 per thread, 8 warps). Use backend='torch', or smaller heads or a lower degree")
-    raise RuntimeError(
-        f"{kernel} keeps the whole memory of a (batch, head) in one program ({layout.v_tile_reason}): about "
-        f"{_whole_state_values(layout, Dk, Dv, Ne, tiles)} fp32 values at Dk={Dk}, Dv={Dv}, hidden {Ne}, over the "
-        f"{_WHOLE_STATE_LIMIT} that fit in registers (255 per thread, 8 warps). "
-        "Use backend='torch', algorithm='chunked' where the spec has it, or smaller heads")
+        return (f"{kernel} keeps one row of {tiles} state tiles over all {Dk} key columns even at BV = 1"
+                + (" (feature=poly: the kernels' key width is φ_p's, 1 + Dk + … + Dk^p)" if layout.features else "")
+                + f": about {tiles * triton.next_power_of_2(Dk)} fp32 values, over the {_WHOLE_STATE_LIMIT} that fit "
+                "in registers (255 per thread, 8 warps). Use backend='torch', or smaller heads or a lower degree")
+    return (f"{kernel} keeps the whole memory of a (batch, head) in one program ({layout.v_tile_reason}): about "
+            f"{_whole_state_values(layout, Dk, Dv, Ne, tiles)} fp32 values at Dk={Dk}, Dv={Dv}, hidden {Ne}, over the "
+            f"{_WHOLE_STATE_LIMIT} that fit in registers (255 per thread, 8 warps). "
+            "Use backend='torch', algorithm='chunked' where the spec has it, or smaller heads")
+
+
+def _check_fits(layout, Dk, Dv, Ne, tiles, backward):
+    """Refuse, before a GPU launch, a size whose live tiles cannot stay on chip (_fit_error); the interpreter has no
+    such limit."""
+    msg = None if _interpreted() else _fit_error(layout, Dk, Dv, Ne, tiles, backward)
+    if msg is not None:
+        raise RuntimeError(msg)

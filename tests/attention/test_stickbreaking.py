@@ -245,12 +245,15 @@ def test_triton_packed_sequences_in_one_launch(memory, monkeypatch):
 
 
 def test_auto_backend_continues_a_cache_on_torch(monkeypatch):
-    """backend='auto' takes the Triton kernels where they apply (here: _triton_ok forced true, the interpreter runs
-    them) and continues a non-empty cache on the torch path instead of refusing; backend='triton' refuses it."""
+    """backend='auto' takes the Triton kernels where they apply (here: on the CPU, its reason to leave them out taken
+    away, so that the interpreter runs them) and continues a non-empty cache on the torch path instead of refusing;
+    backend='triton' refuses it."""
     pytest.importorskip("triton")
     mod = mirasc.compile_spec(SB)
     q, k, v = (t.float() for t in inputs(B=1, T=20, Dk=8, Dv=8, seed=6))
-    monkeypatch.setattr(mod, "_triton_ok", lambda x: True)
+    assert mod.launch_plan(8, 8, device="sm_90")["backend"] == "triton"
+    assert mod.launch_plan(8, 8, device="cpu")["backend"] == "torch"
+    monkeypatch.setattr(mod, "_auto_reason", lambda *a: None)
     launched = []
     real = mod._stickbreaking_attention
     monkeypatch.setattr(mod, "_stickbreaking_attention", lambda *a: launched.append(1) or real(*a))

@@ -7,8 +7,10 @@ beyond the scans' 256 padded key columns, or at a chunk tile whose preparation n
 sm_90 (SMEM_LIMIT[(9, 0)]), a kernel has no configuration; the module must then (a) refuse with a RuntimeError that
 names the kernels, the sizes and `backend='torch'`, before anything launches, (b) let backend="auto" pick torch,
 and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces need
-16-wide tiles). A device that "looks like" CUDA is a stand-in object with `type == "cuda"` and the module's
-`_device_smem_limit` patched to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc kernels`)."""
+16-wide tiles). What a call on an sm_90 GPU decides is read from the module's `launch_plan(..., device="sm_90")`,
+which asks the same route as `apply`; the kernel choice's own guard uses a stand-in object with `type == "cuda"` and
+the module's `_device_smem_limit` patched to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc
+kernels`)."""
 
 from __future__ import annotations
 
@@ -52,12 +54,12 @@ def on_sm90(mod, monkeypatch):
 SCANS = {"_chunk_state_fwd", "_chunk_state_bwd"}
 
 
-@pytest.mark.parametrize("name,D,prec,empty", [
-    ("based", 64, "ieee", SCANS),  # Dk = 2145: 4096 padded key columns
-    ("gated_deltanet", 256, "ieee", SCANS),  # exact fp32 products hold at most 128
-    ("hedgehog", 256, "bf16x2", SCANS),  # Dk = 512: two K blocks of 256 would spill in every configuration
+@pytest.mark.parametrize("name,D,dtype,prec,empty", [
+    ("based", 64, torch.float32, "ieee", SCANS),  # Dk = 2145: 4096 padded key columns
+    ("gated_deltanet", 256, torch.float32, "ieee", SCANS),  # exact fp32 products hold at most 128
+    ("hedgehog", 256, torch.bfloat16, "bf16x2", SCANS),  # Dk = 512: two K blocks of 256 spill in every configuration
 ])
-def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
+def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, dtype, prec, empty):
     mod = mods[name]
     Dk, Dv = widths(mod, D)
     BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
@@ -69,14 +71,17 @@ def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, prec, empty):
     for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "in registers", most,
                  *(["feature map"] if hasattr(mod, "feature_dim") else [])):
         assert part in msg, (part, msg)
-    on_sm90(mod, monkeypatch)
-    with pytest.raises(RuntimeError, match="backend='torch'"):  # the launch path's check, on a "CUDA" device
-        mod._check_chunk_fits(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)
+    # a call on an sm_90 GPU: backend='triton' refuses before any launch, backend='auto' runs torch, saying why
+    with pytest.raises(RuntimeError) as err:
+        mod.launch_plan(D, D, dtype=dtype, device="sm_90", backend="triton")
+    assert str(err.value) == msg
+    plan = mod.launch_plan(D, D, dtype=dtype, device="sm_90")
+    assert plan["backend"] == "torch" and plan["reason"] == msg and plan["kernels"] == {}, plan
     # the GPU branch of the kernel choice never builds an autotuner over an empty space
+    on_sm90(mod, monkeypatch)
     kernel = getattr(mod, sorted(empty)[0])
     with pytest.raises(RuntimeError, match="backend='torch'"):
         mod._chunk_kernel(kernel, types.SimpleNamespace(device=CUDA), Dk, Dv, BT, prec)
-    assert not mod._chunk_kernels_fit(Dk, Dv, mod.DEFAULT_CHUNK, prec, CUDA)  # (apply maps the features first)
 
 
 def test_hedgehog_refusal_names_the_ways_out(mods):
@@ -91,8 +96,13 @@ def test_a_chunk_tile_beyond_shared_memory_is_refused_with_the_chunk_sizes_that_
     mod = mods["gated_deltanet"]
     assert not configs(mod, "_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
     assert configs(mod, "_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
-    msg = mod._chunk_fit_error(128, 128, 256, "bf16", sm90(mod))
+    with pytest.raises(RuntimeError) as err:
+        mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90", backend="triton", chunk_size=256)
+    msg = str(err.value)
     assert "_wy_fwd" in msg and "KB at its smallest" in msg and "chunk_size <= 64 " in msg, msg
+    plan = mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90", chunk_size=256)
+    assert plan["backend"] == "torch" and plan["reason"] == msg
+    assert mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90", chunk_size=64)["backend"] == "triton"
 
 
 class _Launched(Exception):
@@ -118,14 +128,6 @@ def test_apply_refuses_before_any_launch(mods, monkeypatch, name, D, dtype):
     assert "no configuration that fits" in str(err.value)
 
 
-class _CudaLooking(torch.Tensor):
-    """A CPU tensor whose `is_cuda` is True: what the backend="auto" dispatch reads."""
-
-    @property
-    def is_cuda(self):
-        return True
-
-
 @pytest.mark.parametrize("name,D,dtype,triton_expected", [
     ("based", 64, torch.float32, False),
     ("hedgehog", 256, torch.bfloat16, False),
@@ -133,41 +135,38 @@ class _CudaLooking(torch.Tensor):
     ("hedgehog", 128, torch.bfloat16, True),  # Dk = 256: two K blocks of 128
     ("based", 16, torch.bfloat16, True),  # Dk = 153 (Based's own feature size)
 ])
-def test_auto_picks_torch_where_nothing_fits(mods, monkeypatch, name, D, dtype, triton_expected):
+def test_auto_picks_torch_where_nothing_fits(mods, name, D, dtype, triton_expected):
+    """backend='auto' on an sm_90 GPU: the chunk kernels where every one fits, else torch with the refusal as the
+    reason; on CPU tensors always torch (the kernels run there only under the interpreter, with backend='triton')."""
     mod = mods[name]
-    monkeypatch.setattr(mod, "FIT_SMEM_LIMIT", sm90(mod))
-    monkeypatch.setattr(mod, "_on_chunk_kernels", _no_launch)
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, 5, 1, D, generator=g).to(dtype).as_subclass(_CudaLooking) for _ in range(3))
-    if triton_expected:
-        with pytest.raises(_Launched):
-            mod.apply(q, k, v)
-        return
-    o, state = mod.apply(q, k, v)
-    plain = [x.as_subclass(torch.Tensor) for x in (q, k, v)]
-    o_ref, state_ref = mod.apply(*plain, backend="torch")
-    assert torch.equal(o.as_subclass(torch.Tensor), o_ref)
-    assert all(torch.equal(state[n].as_subclass(torch.Tensor), state_ref[n]) for n in state_ref)
+    plan = mod.launch_plan(D, D, dtype=dtype, device="sm_90")
+    assert plan["backend"] == ("triton" if triton_expected else "torch"), plan["reason"]
+    assert (plan["reason"] is None) == triton_expected and plan["algorithm"] == "chunked"
+    assert (plan["precision"] == "bf16x2") == triton_expected  # a feature map's 16-bit features as they are
+    cpu = mod.launch_plan(D, D, dtype=dtype, device="cpu")
+    assert cpu["backend"] == "torch" and "CUDA inputs" in cpu["reason"] and cpu["kernels"] == {}
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "rwkv7", "momentum_deltanet", "hedgehog"])
-def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
+def test_sizes_that_fit_keep_a_space(mods, name):
     """Heads 16..128 fit sm_90 in every dot precision and heads of 256 (Hedgehog: D = 128, Dk = 256) with 16-bit and
-    TF32 products: every launched kernel keeps a configuration, auto keeps the kernels and the launch check passes.
-    Heads of 16 (and a value width of 16 under wider keys) get 16-wide tiles."""
+    TF32 products: every launched kernel keeps a configuration, and a call on sm_90 takes the kernels with those
+    configurations (launch_plan). Heads of 16 (and a value width of 16 under wider keys) get 16-wide tiles."""
     mod = mods[name]
-    on_sm90(mod, monkeypatch)
-    chunk = mod._chunk_length(None)
+    BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
+    normalizer = int(getattr(mod, "NORMALIZE", False))
     for D in ((16, 32, 64, 128) if name == "hedgehog" else (16, 32, 64, 128, 256)):
         Dk, Dv = widths(mod, D)
-        for dims in ((Dk, Dv), (Dk, 16)):
+        for dims, d_v in (((Dk, Dv), D), ((Dk, 16), 16 - normalizer)):
             for prec in ("ieee", "tf32", "bf16") if max(dims) <= 128 else ("tf32", "bf16"):
-                args = {"Nk": dims[0], "Nv": dims[1], "BT": mod._chunk_tile(chunk), "PREC": prec}
+                args = {"Nk": dims[0], "Nv": dims[1], "BT": BT, "PREC": prec}
                 for kernel in mod._CHUNK_LAUNCHED:
                     assert mod._CHUNK_AUTOTUNE[kernel](args, sm90(mod)), (kernel, args)
-                assert mod._chunk_fit_error(dims[0], dims[1], args["BT"], args["PREC"], sm90(mod)) is None
-                mod._check_chunk_fits(*dims, chunk, prec, CUDA)
-                assert mod._chunk_kernels_fit(*dims, chunk, prec, CUDA)
+            for dtype in (torch.float32, torch.bfloat16) if max(dims) <= 128 else (torch.bfloat16,):
+                plan = mod.launch_plan(D, d_v, dtype=dtype, device="sm_90")
+                assert plan["backend"] == "triton" and plan["reason"] is None, (D, d_v, dtype, plan["reason"])
+                assert set(plan["kernels"]) == set(mod._CHUNK_LAUNCHED) and all(plan["kernels"].values())
+                assert mod.launch_plan(D, d_v, dtype=dtype, device="sm_90", backend="triton") == plan
 
 
 def test_small_heads_get_16_wide_tiles(mods):

@@ -307,7 +307,7 @@ def test_half_inputs_round_only_operands(name, dtype):
     kernels see it zero-padded to 160.)"""
     mod = mirasc.compile_spec(SPEC_DIR / f"{name}.miras")
     composite = name in INPUT_SPLIT_DOTS
-    assert mod._dot_precision(torch.empty(0, dtype=dtype)) == (
+    assert mod.launch_plan(16, 16, dtype=dtype, backend="triton")["precision"] == (
         "bf16x2" if composite else "bf16" if dtype == torch.bfloat16 else "fp16")
     q, k, v, gates, state = inputs(mod, 1, 40, 1, 16 if composite else 32, 24, dtype=dtype)
     if composite:  # the state in feature space: W [B, H, Dv, Dφ] and the normaliser's z > 0 [B, H, 1, Dφ]

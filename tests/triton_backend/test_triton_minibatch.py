@@ -240,12 +240,18 @@ def test_streamed_kernels_match_the_recurrence(name, monkeypatch):
 
 def test_schedule_choice():
     """On the interpreter small states keep the single-tile kernels, big ones (Titans at D = 64 or 128) stream;
-    a GPU always streams; backend="auto" sends heads up to D = 128 with E = 4 D to the kernels."""
+    a GPU always streams; backend="auto" sends heads up to D = 128 with E = 4 D to the kernels (launch_plan)."""
     mod = compile_named("titans")
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert mod._mb_schedule(8, 8, cpu) == "tile" and mod._mb_schedule(8, 8, gpu) == "stream"
     assert mod._mb_schedule(64, 64, cpu) == "stream" and mod._mb_schedule(128, 128, cpu) == "stream"
-    assert mod._minibatch_fits(128, 128) and not mod._minibatch_fits(256, 256)
+    plan = mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90")
+    assert plan["backend"] == "triton" and plan["algorithm"] == "chunked" and plan["chunk"] == mod.MINIBATCH
+    assert set(plan["kernels"]) == {"_minibatch_stream_fwd", "_minibatch_stream_fwd_end", "_minibatch_stream_bwd_a",
+                                    "_minibatch_stream_bwd_b"}
+    assert all(c["TK"] == c["TV"] == c["TE"] == mod.MB_STREAM_WIDTH for cs in plan["kernels"].values() for c in cs)
+    plan = mod.launch_plan(256, 256, dtype=torch.bfloat16, device="sm_90")
+    assert plan["backend"] == "torch" and "Dk=256, Dv=256" in plan["reason"] and plan["kernels"] == {}
 
 
 # 16-bit inputs (docs/semantics.md "Numerics"): the mini-batch kernels' operands are fp32 intermediates, so each
@@ -258,7 +264,8 @@ def test_bf16_inputs_split_products(name, monkeypatch):
     mod = compile_named(name)
     monkeypatch.setattr(mod, "MINIBATCH_SCHEDULE", "stream")
     monkeypatch.setattr(mod, "MB_STREAM_TILE", 16)
-    assert mod.HALF_DOTS == "split" and mod._dot_precision(torch.empty(0, dtype=torch.bfloat16)) == "bf16x3"
+    assert mod.HALF_DOTS == "split"
+    assert mod.launch_plan(16, 16, dtype=torch.bfloat16, backend="triton")["precision"] == "bf16x3"
     q, k, v, gates, state = inputs(mod, 1, 70, 1, 16, 16)
     q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
 

@@ -286,7 +286,16 @@ def test_window_tile_beyond_a_gpu_is_refused_or_recurrent(monkeypatch):
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert mod._mb_window_fits(64, cpu) and not mod._mb_window_fits(64, gpu)
     assert mod._mb_window_fits(16, gpu) and not mod._mb_window_fits(17, gpu)  # (C·c <= 64 rows)
-    assert not mod._minibatch_fits(64, 64)
+    plan = mod.launch_plan(64, 64, device="sm_90")  # backend='auto' keeps torch: a tile of 256 rows
+    assert plan["backend"] == "torch" and "256 rows" in plan["reason"]
+    plan = mod.launch_plan(16, 16, device="sm_90", backend="triton")  # the fused recurrent kernel, saying why
+    assert plan["algorithm"] == "recurrent" and "one chunk tile of 64·4 rows" in plan["reason"]
+    assert set(plan["kernels"]) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}
+    with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\)"):  # which holds no head of 64
+        mod.launch_plan(64, 64, device="sm_90", backend="triton")
+    with pytest.raises(RuntimeError, match="one chunk tile of 64·4 rows"):
+        mod.launch_plan(16, 16, device="sm_90", backend="triton", algorithm="chunked")
+    assert mod.launch_plan(64, 64, device="cpu", backend="triton")["algorithm"] == "chunked"  # (the interpreter)
     monkeypatch.setattr(mod, "_mb_window_fits", lambda chunk, device: False)
     calls = []
     recurrent, kernels = mod._recurrent_triton, mod._minibatch_triton

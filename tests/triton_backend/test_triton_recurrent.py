@@ -240,8 +240,8 @@ def test_v_tiles_cover_the_row_separable_specs():
     for name, why in [("moneta_token", "MLP"), ("lq_linear", "q-norm of the whole matrix")]:
         plan = _plan(name)
         assert not plan.v_tiles and why in plan.no_v_tiles
-        mod = _module(name)
-        assert mod._tile_config(mod._LAYOUT, 8, 24, 32, mod._TILES_FWD)[2] == 1  # one program holds every row
+        kernels = _module(name).launch_plan(8, 24, device="sm_90", backend="triton", algorithm="recurrent")["kernels"]
+        assert all(c["BV"] >= 24 for c in kernels["_fused_recurrent_fwd"])  # one program holds every row
     assert _plan("kl_linear").v_tiles  # softmax over each row (over K): rows stay separable
 
 
@@ -281,8 +281,12 @@ def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
     mod._check_fits(mod._LAYOUT, 8, 8, 32, mod._TILES_FWD, False)
     with pytest.raises(RuntimeError, match="registers"):
         mod._check_fits(mod._LAYOUT, 128, 128, 512, mod._TILES_BWD, True)
-    assert mod._recurrent_fits(8, 8) and not mod._recurrent_fits(128, 128)  # what backend="auto" asks
-    assert _module("deltanet")._recurrent_fits(128, 128)  # V tiles: every size has a configuration
+    plan = mod.launch_plan(8, 8, device="sm_90", backend="triton", algorithm="recurrent")
+    assert set(plan["kernels"]) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}
+    with pytest.raises(RuntimeError, match="registers"):
+        mod.launch_plan(128, 128, device="sm_90", backend="triton", algorithm="recurrent")
+    # V tiles: every size has a configuration
+    assert _module("deltanet").launch_plan(128, 128, device="sm_90", backend="triton", algorithm="recurrent")
 
 
 def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
