@@ -262,6 +262,12 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["SEGMENTS"] = runtime_source("segments")
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
+    forms = (("chunk_delta", "_delta_chunks"), ("chunk_momentum_delta", "_momentum_delta_chunks"),
+             ("channel_delta", "_channel_delta_chunks"), ("chunk_gdelta", "_gdelta_chunks"))
+    form = next((f for flag, f in forms if flags[flag]), None)
+    subs["CHUNK_FORM"] = runtime_functions("chunk_forms", [form]) if form else ""
+    subs.update(IMPLICIT=repr(flags["implicit"]), PRE_DECAY=repr(flags["pre_decay"]),
+                GDELTA_ERASE=repr(flags["gdelta_write"]))
     subs["GPU_LIMITS"] = runtime_source("gpu_limits")
     subs["LAUNCH_PLAN"] = runtime_source("launch_plan")
     subs["INPUTS"] = runtime_source("inputs")

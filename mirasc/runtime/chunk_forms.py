@@ -1,0 +1,200 @@
+"""The torch chunked algorithms of the delta-rule families (a runtime piece: the functions a spec needs are copied
+into its emitted module by mirasc.codegen; docs/semantics.md gives each rule, docs/module-api.md `algorithm`).
+
+Each walks the sequence in chunks of `chunk` tokens and solves, per chunk, one unit lower triangular system for the
+tokens' updates (the WY/UT form of the product of the chunk's transitions), so that it computes the token recurrence
+exactly up to rounding. Inputs are [B, H, T, D] (q, k: D = Dk; v: Dv), coefficients [B, H, T] (a channel-wise one
+[B, H, T, D]); an optional term is None where the spec has none (no decay: alpha None), and a choice the spec fixes
+(the decay's order, the implicit step) is a flag."""
+
+import torch
+
+from .channel_decay import _chunk_decay, _decay_scores, _log_decay, _mix, _scores
+from .segments import _segment_products
+
+
+def _delta_chunks(q, k, v, eta, alpha, W, chunk, implicit, pre_decay):
+    """The delta rule (linear memory, l2 bias, a decay per head): per token W_t = α_t W_{t-1} - u_t k_tᵀ with
+    u_t = β_t (W' k_t - v_t), W' = α_t W_{t-1} (pre_decay) or W_{t-1}, β = η (or η / (1 + η‖k‖²), the implicit
+    step). Unrolled in a chunk: W_t = γ_t W_0 - Σ_{s<=t} D[t,s] u_s k_sᵀ, so the u's solve (I + L) U = R with
+    L[t,s] = β_t M[t,s] (k_s·k_t) for s < t. W [B, H, Dv, Dk]; returns (o, final W)."""
+    outs = []
+    T = q.shape[2]
+    for c0 in range(0, T, chunk):
+        c1 = min(c0 + chunk, T)
+        n = c1 - c0
+        qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
+        e = eta[:, :, c0:c1]
+        beta = e / (1 + e * (kc * kc).sum(-1)) if implicit else e  # implicit: the proximal step
+        a_c = torch.ones_like(e) if alpha is None else alpha[:, :, c0:c1]
+        decay = _segment_products(a_c)
+        gamma = torch.cumprod(a_c, dim=-1)
+        if pre_decay:  # u_t = β_t(γ_t W_0 k_t - Σ_{s<t} D[t,s](k_s·k_t) u_s - v_t)
+            a, m = gamma, decay
+        else:  # the gradient sees W_{t-1}: u_t = β_t(γ_{t-1} W_0 k_t - Σ_{s<t} D[t-1,s](k_s·k_t) u_s - v_t)
+            a = torch.cat([torch.ones_like(gamma[..., :1]), gamma[..., :-1]], dim=-1)
+            m = torch.cat([torch.zeros_like(decay[..., :1, :]), decay[..., :-1, :]], dim=-2)
+        kk = kc @ kc.transpose(-1, -2)
+        lower = beta.unsqueeze(-1) * (m * kk).tril(-1)
+        rhs = beta.unsqueeze(-1) * (a.unsqueeze(-1) * (kc @ W.transpose(-1, -2)) - vc)
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        u = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        o = gamma.unsqueeze(-1) * (qc @ W.transpose(-1, -2)) - (decay * (qc @ kc.transpose(-1, -2))) @ u
+        W = gamma[:, :, -1, None, None] * W - (decay[:, :, -1, :, None] * u).transpose(-1, -2) @ kc
+        outs.append(o)
+    return torch.cat(outs, dim=2), W
+
+
+def _momentum_delta_chunks(q, k, v, eta, theta, alpha, W, S, chunk, pre_decay):
+    """The momentum delta rule: per token, with u_t = W_{t-1} k_t and δ_t = η_t v_t − β_t u_t (β = η, or α η with
+    pre_decay), S_t = θ_t S_{t-1} + δ_t k_tᵀ and W_t = α_t W_{t-1} + S_t: the state X = [W, S] follows
+    X_t = X_{t-1} (G_t ⊗ I) + δ_t [k_t; k_t]ᵀ with G_t = [[α_t, 0], [θ_t, θ_t]]. Products of such factors over
+    tokens s+1..t are [[A(t,s), 0], [C(t,s), Θ(t,s)]] (A, Θ the segment products of α, θ; A + C = A·Θ), so in a chunk
+    W_t = A(t,0) W_0 + C(t,0) S_0 + Σ_{s<=t} (A·Θ)(t,s) δ_s k_sᵀ, S_t = Θ(t,0) S_0 + Σ_{s<=t} Θ(t,s) δ_s k_sᵀ, and
+    the δ's solve one unit lower triangular system (u_t reads W_{t-1}). Returns (o, final W, final S)."""
+    outs = []
+    T = q.shape[2]
+    for c0 in range(0, T, chunk):
+        c1 = min(c0 + chunk, T)
+        n = c1 - c0
+        qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
+        e, th = eta[:, :, c0:c1], theta[:, :, c0:c1]
+        a_c = torch.ones_like(e) if alpha is None else alpha[:, :, c0:c1]
+        beta = a_c * e if pre_decay else e  # pre_decay: the gradient is taken at the decayed state α_t W_{t-1}
+        # factors from the chunk start (a virtual token 0 with α = θ = 1) to every token, and between tokens
+        one = torch.ones_like(a_c[..., :1])
+        seg_a = _segment_products(torch.cat([one, a_c], dim=-1))  # [.., n+1, n+1], index 0: the chunk start
+        seg_t = _segment_products(torch.cat([one, th], dim=-1))
+        write = seg_a @ seg_t  # (A·Θ)(t,s): how δ_s k_sᵀ reaches W_t (A + C)
+        from_w, from_s = seg_a[..., 1:, 0], (write - seg_a)[..., 1:, 0]  # A(t,0), C(t,0): W_0 and S_0 in W_t
+        # u_t reads W_{t-1}: the factors up to token t-1
+        kk = kc @ kc.transpose(-1, -2)
+        lower = beta.unsqueeze(-1) * (write[..., :-1, 1:] * kk).tril(-1)
+        u0 = (seg_a[..., :-1, 0, None] * (kc @ W.transpose(-1, -2))
+              + (write - seg_a)[..., :-1, 0, None] * (kc @ S.transpose(-1, -2)))
+        rhs = e.unsqueeze(-1) * vc - beta.unsqueeze(-1) * u0
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        delta = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        o = (from_w.unsqueeze(-1) * (qc @ W.transpose(-1, -2)) + from_s.unsqueeze(-1) * (qc @ S.transpose(-1, -2))
+             + (write[..., 1:, 1:] * (qc @ kc.transpose(-1, -2))) @ delta)
+        W = (from_w[..., -1, None, None] * W + from_s[..., -1, None, None] * S
+             + (write[..., -1, 1:, None] * delta).transpose(-1, -2) @ kc)
+        S = seg_t[..., -1, 0, None, None] * S + (seg_t[..., -1, 1:, None] * delta).transpose(-1, -2) @ kc
+        outs.append(o)
+    return torch.cat(outs, dim=2), W, S
+
+
+def _channel_delta_chunks(q, k, v, eta, eta_ch, eta_side, alpha, alpha_side, W, chunk, implicit, pre_decay):
+    """The delta rule with channel-wise gates (Kimi Delta Attention: α over key channels, pre_decay). Per token
+    W_t = diag(a^v_t)·W_{t-1}·diag(a^k_t) - u_t w_tᵀ, u_t = β_t ⊙ (W' k_t - v_t), W' the decayed W_{t-1}
+    (pre_decay) or W_{t-1}, with a^k / a^v the decay over key / value channels (alpha_side "k" / "v"; a per-head α,
+    alpha_side None, counts as a key-side one), w_t = η^k_t ⊙ k_t the write key (eta_side "k") and β_t = η_t (or
+    η_t / (1 + η_t‖k_t‖²), the implicit step; times η^v_t for eta_side "v"). Unrolled in a chunk,
+    W_t = Γ^v_t ∘ W_0 ∘ Γ^k_t - Σ_{s<=t} (D^v[t,s] ⊙ u_s)(D^k[t,s] ⊙ w_s)ᵀ, so the u's solve, per value channel i,
+    (I + L_i) u_{:,i} = R_{:,i} with L_i[t, s] = β_{t,i} D^v[t,s,i] Σ_j k_tj w_sj D^k[t,s,j] for s < t (one shared
+    system when no gate is over value channels). α over key channels goes through log-space scores (FLA's
+    secondary chunking: no [n, n, Dk] tensor). eta_ch: the channel-wise η [B, H, T, D], or None; alpha [B, H, T]
+    or [B, H, T, D], or None. Returns (o, final W)."""
+    coefs = {} if alpha is None else {"alpha": alpha}
+    outs = []
+    T = q.shape[2]
+    for c0 in range(0, T, chunk):
+        c1 = min(c0 + chunk, T)
+        n = c1 - c0
+        qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
+        e = eta[:, :, c0:c1].unsqueeze(-1)  # [B, H, n, 1]
+        beta = e / (1 + e * (kc * kc).sum(-1, keepdim=True)) if implicit else e  # implicit: the proximal step
+        wk = kc  # the write key
+        if eta_side == "k":
+            wk = kc * eta_ch[:, :, c0:c1]
+        elif eta_side == "v":
+            beta = beta * eta_ch[:, :, c0:c1]  # [B, H, n, Dv]
+        # lower triangular over (t, s) (a .tril() of the 5-d tensor would act on its last two axes, (s, 1))
+        ones_t = torch.ones(n, n, dtype=q.dtype, device=q.device).tril()[None, None, :, :, None]
+        gv, dv = torch.ones_like(e), ones_t  # value-side Γ and D (width 1: none)
+        if alpha is not None and alpha_side == "k":  # log-space scores
+            G = _log_decay(coefs, "alpha", c0, c1)
+            gk = torch.exp(G)
+            if pre_decay:  # the gradient sees W'_t = W_{t-1}·diag(α_t)
+                Ga, ak = G, gk
+            else:  # it sees W_{t-1}
+                Ga = torch.cat([torch.zeros_like(G[:, :, :1]), G[:, :, :-1]], dim=2)
+                ak = torch.exp(Ga)
+            av, mv = gv, dv
+            kk = _decay_scores(kc, Ga, wk, G, strict=True)  # Σ_j k_tj w_sj e^{Ga_tj − G_sj}, s < t
+            qk = _decay_scores(qc, G, wk, G, strict=False)  # Σ_j q_tj w_sj e^{G_tj − G_sj}, s <= t
+            wk_end = wk * torch.exp(G[:, :, -1:] - G)
+        else:
+            gk, dk = torch.ones_like(e), ones_t  # key-side Γ and D (width 1: none)
+            if alpha is not None and alpha_side == "v":
+                gv, dv = _chunk_decay(coefs, "alpha", c0, c1)
+            elif alpha is not None:
+                gk, dk = _chunk_decay(coefs, "alpha", c0, c1)
+            if pre_decay:  # the gradient sees W'_t = decayed W_{t-1}
+                ak, av, mk, mv = gk, gv, dk, dv
+            else:  # it sees W_{t-1}: Γ_{t-1} and D[t-1, s]
+                def shift(g, d):
+                    return (torch.cat([torch.ones_like(g[:, :, :1]), g[:, :, :-1]], dim=2),
+                            torch.cat([torch.zeros_like(d[:, :, :1]), d[:, :, :-1]], dim=2))
+                (ak, mk), (av, mv) = shift(gk, dk), shift(gv, dv)
+            kk = _scores(kc, wk, mk)  # Σ_j k_tj w_sj D^k[t, s, j]
+            qk = _scores(qc, wk, dk)  # Σ_j q_tj w_sj D^k[t, s, j]
+            wk_end = dk[:, :, -1] * wk
+        rhs = beta * (av * ((kc * ak) @ W.transpose(-1, -2)) - vc)
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        if beta.shape[-1] == 1 and mv.shape[-1] == 1:  # one system shared by all value channels
+            lower = (beta * mv[..., 0] * kk).tril(-1)
+            u = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        else:  # one system per value channel: L_i[t, s] = β_{t,i} D^v[t,s,i] kk[t, s]
+            lower = (beta.unsqueeze(-2) * mv * kk.unsqueeze(-1)).permute(0, 1, 4, 2, 3).tril(-1)
+            sol = torch.linalg.solve_triangular(eye + lower, rhs.transpose(-1, -2).unsqueeze(-1), upper=False,
+                                                unitriangular=True)
+            u = sol.squeeze(-1).transpose(-1, -2)
+        o = gv * ((qc * gk) @ W.transpose(-1, -2)) - _mix(qk, dv, u)
+        W = gv[:, :, -1, :, None] * W * gk[:, :, -1, None, :] - (dv[:, :, -1] * u).transpose(-1, -2) @ wk_end
+        outs.append(o)
+    return torch.cat(outs, dim=2), W
+
+
+def _gdelta_chunks(q, k, v, kappa, eta, eta_k, alpha, W, chunk, erase_kappa, pre_decay):
+    """The generalized delta transition (l2 with read=kappa or erase=kappa): per token, with D_t = diag(α_t) over key
+    channels (a per-head α: α_t·I), W_t = W_{t-1}·D_t − u_t b_tᵀ + v_t w_tᵀ, u_t = W_{t-1}·P_t κ_t (P_t = D_t with
+    pre_decay, else I), the erase key b = η ⊙ k and write key w = b for read=kappa, b = η ⊙ κ and w = k for
+    erase=kappa. Unrolled in a chunk from W_0, with Γ_t = D_1⋯D_t and Γ_{t←s} = D_{s+1}⋯D_t,
+    W_t = W_0 Γ_t + Σ_{s<=t} (v_s w_sᵀ − u_s b_sᵀ) Γ_{t←s}, so u_t = W_0 Γ'_t κ_t + Σ_{s<t} [(w_s·Γ'_{t←s} κ_t) v_s −
+    (b_s·Γ'_{t←s} κ_t) u_s] (Γ' = Γ_t for pre, Γ_{t-1} for post): the u's solve (I + A) U = R + B V per chunk.
+    kappa [B, H, T, Dk]; eta [B, H, T]; eta_k [B, H, T, Dk] a channel-wise η over keys, or None; alpha [B, H, T]
+    or [B, H, T, Dk], or None (no decay). Returns (o, final W)."""
+    coefs = {} if alpha is None else {"alpha": alpha}
+    outs = []
+    T = q.shape[2]
+    for c0 in range(0, T, chunk):
+        c1 = min(c0 + chunk, T)
+        n = c1 - c0
+        qc, kc, vc, kap = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], kappa[:, :, c0:c1]
+        e = eta[:, :, c0:c1].unsqueeze(-1)  # [B, H, n, 1]
+        if eta_k is not None:
+            e = e * eta_k[:, :, c0:c1]  # [B, H, n, Dk]
+        if erase_kappa:  # erase along η ⊙ κ, write v along k at unit rate
+            erase, write = e * kap, kc
+        else:  # read=kappa: the error read at κ is stepped along η ⊙ k
+            erase = write = e * kc
+        if alpha is not None:
+            G = _log_decay(coefs, "alpha", c0, c1)
+            G = G if G.dim() == 4 else G.unsqueeze(-1).expand_as(kc)  # [B, H, n, Dk]
+        else:
+            G = torch.zeros_like(kc)
+        # the erase reads W_{t-1}·D_t (pre_decay), else W_{t-1}
+        Ga = G if pre_decay else torch.cat([torch.zeros_like(G[:, :, :1]), G[:, :, :-1]], dim=2)
+        a_erase = _decay_scores(kap, Ga, erase, G, strict=True)  # (b_s·Γ'_{t←s} κ_t), s < t
+        a_write = _decay_scores(kap, Ga, write, G, strict=True)  # (w_s·Γ'_{t←s} κ_t), s < t
+        rhs = (kap * torch.exp(Ga)) @ W.transpose(-1, -2) + a_write @ vc
+        eye = torch.eye(n, dtype=q.dtype, device=q.device)
+        u = torch.linalg.solve_triangular(eye + a_erase, rhs, upper=False, unitriangular=True)
+        o = ((qc * torch.exp(G)) @ W.transpose(-1, -2) + _decay_scores(qc, G, write, G, strict=False) @ vc
+             - _decay_scores(qc, G, erase, G, strict=False) @ u)
+        to_end = torch.exp(G[:, :, -1:] - G)  # Γ_{n←s}, every exponent <= 0
+        W = (W * torch.exp(G[:, :, -1, None, :]) + vc.transpose(-1, -2) @ (write * to_end)
+             - u.transpose(-1, -2) @ (erase * to_end))
+        outs.append(o)
+    return torch.cat(outs, dim=2), W

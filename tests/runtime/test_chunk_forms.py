@@ -1,0 +1,131 @@
+"""The delta families' torch chunked algorithms (mirasc.runtime.chunk_forms) as units, against token-by-token
+float64 recurrences written here from docs/semantics.md, over every flag and optional term; chunks of 1, of 5 (a
+partial last one) and of the whole sequence."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from mirasc.runtime import chunk_forms as cf
+
+B, H, T, DK, DV = 2, 3, 13, 5, 4
+CHUNKS = (1, 5, T)
+
+
+def _inputs(seed):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, low=None):
+        x = torch.rand(*shape, generator=g, dtype=torch.float64)
+        return x if low is None else low + (1 - low) * x
+
+    q, k, kappa = (torch.nn.functional.normalize(torch.randn(B, H, T, DK, generator=g, dtype=torch.float64), dim=-1)
+                   for _ in range(3))
+    v = torch.randn(B, H, T, DV, generator=g, dtype=torch.float64)
+    return dict(q=q, k=k, v=v, kappa=kappa, eta=rnd(B, H, T), theta=rnd(B, H, T, low=0.3), alpha=rnd(B, H, T, low=0.7),
+                alpha_k=rnd(B, H, T, DK, low=0.7), eta_k=rnd(B, H, T, DK, low=0.2),
+                W=torch.randn(B, H, DV, DK, generator=g, dtype=torch.float64),
+                S=torch.randn(B, H, DV, DK, generator=g, dtype=torch.float64))
+
+
+def _outer(a, b):
+    return a.unsqueeze(-1) * b.unsqueeze(-2)
+
+
+def _read(W, x):
+    return (W @ x.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("implicit,pre_decay,decays", itertools.product([False, True], repeat=3))
+def test_delta_rule(implicit, pre_decay, decays):
+    x = _inputs(0)
+    alpha = x["alpha"] if decays else None
+    W, outs = x["W"].clone(), []
+    for t in range(T):
+        k, v, eta = x["k"][:, :, t], x["v"][:, :, t], x["eta"][:, :, t, None]
+        a = torch.ones_like(eta) if alpha is None else alpha[:, :, t, None]
+        beta = eta / (1 + eta * (k * k).sum(-1, keepdim=True)) if implicit else eta
+        seen = a[..., None] * W if pre_decay else W
+        u = beta * (_read(seen, k) - v)
+        W = a[..., None] * W - _outer(u, k)
+        outs.append(_read(W, x["q"][:, :, t]))
+    for chunk in CHUNKS:
+        o, final = cf._delta_chunks(x["q"], x["k"], x["v"], x["eta"], alpha, x["W"], chunk, implicit, pre_decay)
+        torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-12)
+        torch.testing.assert_close(final, W, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pre_decay,decays", itertools.product([False, True], repeat=2))
+def test_momentum_delta_rule(pre_decay, decays):
+    x = _inputs(1)
+    alpha = x["alpha"] if decays else None
+    W, S, outs = x["W"].clone(), x["S"].clone(), []
+    for t in range(T):
+        k, v = x["k"][:, :, t], x["v"][:, :, t]
+        eta, theta = x["eta"][:, :, t, None], x["theta"][:, :, t, None]
+        a = torch.ones_like(eta) if alpha is None else alpha[:, :, t, None]
+        beta = a * eta if pre_decay else eta
+        delta = eta * v - beta * _read(W, k)
+        S = theta[..., None] * S + _outer(delta, k)
+        W = a[..., None] * W + S
+        outs.append(_read(W, x["q"][:, :, t]))
+    for chunk in CHUNKS:
+        o, fw, fs = cf._momentum_delta_chunks(x["q"], x["k"], x["v"], x["eta"], x["theta"], alpha, x["W"], x["S"],
+                                              chunk, pre_decay)
+        torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
+        torch.testing.assert_close((fw, fs), (W, S), rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("erase_kappa,pre_decay,decay,channel_eta",
+                         itertools.product([False, True], [False, True], [None, "head", "keys"], [False, True]))
+def test_generalized_delta_transition(erase_kappa, pre_decay, decay, channel_eta):
+    x = _inputs(2)
+    alpha = {None: None, "head": x["alpha"], "keys": x["alpha_k"]}[decay]
+    eta_k = x["eta_k"] if channel_eta else None
+    W, outs = x["W"].clone(), []
+    for t in range(T):
+        k, v, kap = x["k"][:, :, t], x["v"][:, :, t], x["kappa"][:, :, t]
+        eta = x["eta"][:, :, t, None] * (1 if eta_k is None else eta_k[:, :, t])
+        d = torch.ones_like(k) if alpha is None else (alpha[:, :, t] if alpha.dim() == 4 else alpha[:, :, t, None]) \
+            * torch.ones_like(k)  # diag(D_t) over key channels
+        erase, write = (eta * kap, k) if erase_kappa else (eta * k, eta * k)
+        u = _read(W, d * kap if pre_decay else kap)
+        W = W * d.unsqueeze(-2) - _outer(u, erase) + _outer(v, write)
+        outs.append(_read(W, x["q"][:, :, t]))
+    for chunk in CHUNKS:
+        o, final = cf._gdelta_chunks(x["q"], x["k"], x["v"], x["kappa"], x["eta"], eta_k, alpha, x["W"], chunk,
+                                     erase_kappa, pre_decay)
+        torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
+        torch.testing.assert_close(final, W, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("implicit,pre_decay,decay,eta_side",
+                         itertools.product([False, True], [False, True], [None, "head", "k", "v"], [None, "k", "v"]))
+def test_delta_rule_with_channel_gates(implicit, pre_decay, decay, eta_side):
+    x = _inputs(3)
+    alpha = {None: None, "head": x["alpha"], "k": x["alpha_k"], "v": x["alpha_k"][..., :DV]}[decay]
+    eta_ch = {None: None, "k": x["eta_k"], "v": x["eta_k"][..., :DV]}[eta_side]
+    W, outs = x["W"].clone(), []
+    for t in range(T):
+        k, v, eta = x["k"][:, :, t], x["v"][:, :, t], x["eta"][:, :, t, None]
+        a_k, a_v = torch.ones_like(k), torch.ones_like(v)  # diag(a^k_t), diag(a^v_t)
+        if decay in ("head", "k"):
+            a_k = a_k * (alpha[:, :, t] if decay == "k" else alpha[:, :, t, None])
+        elif decay == "v":
+            a_v = alpha[:, :, t]
+        beta = eta / (1 + eta * (k * k).sum(-1, keepdim=True)) if implicit else eta
+        w = k * eta_ch[:, :, t] if eta_side == "k" else k
+        beta = beta * eta_ch[:, :, t] if eta_side == "v" else beta
+        decayed = a_v.unsqueeze(-1) * W * a_k.unsqueeze(-2)
+        u = beta * (_read(decayed if pre_decay else W, k) - v)
+        W = decayed - _outer(u, w)
+        outs.append(_read(W, x["q"][:, :, t]))
+    side = {None: None, "head": None, "k": "k", "v": "v"}[decay]
+    for chunk in CHUNKS:
+        o, final = cf._channel_delta_chunks(x["q"], x["k"], x["v"], x["eta"], eta_ch, eta_side, alpha, side, x["W"],
+                                            chunk, implicit, pre_decay)
+        torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
+        torch.testing.assert_close(final, W, rtol=0, atol=1e-11)
