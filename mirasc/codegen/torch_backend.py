@@ -266,6 +266,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
              ("channel_delta", "_channel_delta_chunks"), ("chunk_gdelta", "_gdelta_chunks"))
     form = next((f for flag, f in forms if flags[flag]), None)
     subs["CHUNK_FORM"] = runtime_functions("chunk_forms", [form]) if form else ""
+    subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
+    subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs.update(IMPLICIT=repr(flags["implicit"]), PRE_DECAY=repr(flags["pre_decay"]),
                 GDELTA_ERASE=repr(flags["gdelta_write"]))
     subs["GPU_LIMITS"] = runtime_source("gpu_limits")

@@ -1,11 +1,13 @@
-"""The torch chunked algorithms of the delta-rule families (a runtime piece: the functions a spec needs are copied
-into its emitted module by mirasc.codegen; docs/semantics.md gives each rule, docs/module-api.md `algorithm`).
+"""The torch chunked algorithms (a runtime piece: the functions a spec needs are copied into its emitted module by
+mirasc.codegen; docs/semantics.md gives each rule, docs/module-api.md `algorithm`).
 
-Each walks the sequence in chunks of `chunk` tokens and solves, per chunk, one unit lower triangular system for the
-tokens' updates (the WY/UT form of the product of the chunk's transitions), so that it computes the token recurrence
-exactly up to rounding. Inputs are [B, H, T, D] (q, k: D = Dk; v: Dv), coefficients [B, H, T] (a channel-wise one
-[B, H, T, D]); an optional term is None where the spec has none (no decay: alpha None), and a choice the spec fixes
-(the decay's order, the implicit step) is a flag."""
+The delta-rule families walk the sequence in chunks of `chunk` tokens and solve, per chunk, one unit lower triangular
+system for the tokens' updates (the WY/UT form of the product of the chunk's transitions), so that they compute the
+token recurrence exactly up to rounding. The mini-batch (dual) form takes every gradient of a chunk at its anchor, so
+each accumulator is a decay-weighted prefix sum of rank-1 terms (_chunk_matrices, _dual_form). Inputs are
+[B, H, T, D] (q, k: D = Dk; v: Dv), coefficients [B, H, T] (a channel-wise one [B, H, T, D]); an optional term is
+None where the spec has none (no decay: alpha None), and a choice the spec fixes (the decay's order, the implicit
+step) is a flag."""
 
 import torch
 
@@ -198,3 +200,59 @@ def _gdelta_chunks(q, k, v, kappa, eta, eta_k, alpha, W, chunk, erase_kappa, pre
              - u.transpose(-1, -2) @ (erase * to_end))
         outs.append(o)
     return torch.cat(outs, dim=2), W
+
+
+def _chunk_matrices(eta, alpha, theta):
+    """Prefix-sum coefficients of one chunk of the mini-batch form (eta [B, H, n]; alpha, theta [B, H, n] or None: no
+    decay, no momentum): γ, b, K with Y_t = γ_t Y_0 + b_t S_0 + Σ_r K[t, r] δ_r x_rᵀ, and with momentum Kₘ, Θ with
+    S_t = Θ_t S_0 + Σ_r Kₘ[t, r] δ_r x_rᵀ (b, Kₘ, Θ None without)."""
+    if alpha is not None:
+        decay = _segment_products(alpha)  # decay[t, s] = α_{s+1}…α_t
+        gamma = torch.cumprod(alpha, dim=-1)  # γ_t = α_1…α_t
+    else:
+        n = eta.shape[-1]
+        decay = torch.ones(n, n, dtype=eta.dtype, device=eta.device).tril()
+        gamma = torch.ones_like(eta)
+    if theta is None:
+        return gamma, None, -decay * eta.unsqueeze(-2), None, None
+    mom = _segment_products(theta)  # mom[t, r] = θ_{r+1}…θ_t
+    kmom = -mom * eta.unsqueeze(-2)  # S_t = Θ_t S_0 + Σ_r kmom[t, r] δ_r x_rᵀ
+    kmat = decay @ kmom  # Y_t = γ_t Y_0 + b_t S_0 + Σ_r (decay @ kmom)[t, r] δ_r x_rᵀ
+    big_theta = torch.cumprod(theta, dim=-1)
+    b = (decay @ big_theta.unsqueeze(-1)).squeeze(-1)
+    return gamma, b, kmat, kmom, big_theta
+
+
+def _dual_form(forward, Y0, S, factors, qc, eta, alpha, theta, scale=None, window=None):
+    """The identity-readout dual form of one chunk: reads W_t = Y_t·scale_i (scale_i [B, H, 1, 1] per weight, or 1)
+    as masked matmuls, W_t h = (γ_t Y_0 h + b_t S_0 h + Σ_r K[t, r] (x_r·h) δ_r)·scale, with no per-token weights.
+    forward(layer, h): the memory's read with `layer(i, h)` in place of weight i's product (the module's
+    _memory_forward); Y0, S: each weight's accumulator and momentum at the chunk's start (S None: no momentum);
+    factors: each weight's gradient factors (δ, x) at the anchor; eta, alpha, theta: as _chunk_matrices. window (the
+    Omega rule): Ω [B, H, n, n + c − 1], step s's gradient is Σ_r Ω[s, r] δ_r x_rᵀ over the factors of the chunk's
+    tokens and the c − 1 before it, so K becomes K Ω. Returns (o [B, H, n, Dv], Y and S at the chunk's end)."""
+    gamma, b, kmat, kmom, big_theta = _chunk_matrices(eta, alpha, theta)
+    if window is not None:
+        kmat, kmom = kmat @ window, (None if kmom is None else kmom @ window)
+
+    def layer(i, h):
+        delta_i, input_i = factors[i]
+        out = gamma.unsqueeze(-1) * (h @ Y0[i].transpose(-1, -2))
+        if S is not None:
+            out = out + b.unsqueeze(-1) * (h @ S[i].transpose(-1, -2))
+        out = out + (kmat * (h @ input_i.transpose(-1, -2))) @ delta_i
+        return out if scale is None else out * scale[i]
+
+    o = forward(layer, qc)
+    last = kmat[:, :, -1, :, None]
+    new = []
+    for i, (delta_i, input_i) in enumerate(factors):
+        # one fused pass per term over the (large) weight matrices: addcmul(x, s, y) = x + s·y
+        w = torch.addcmul((last * delta_i).transpose(-1, -2) @ input_i, gamma[:, :, -1, None, None], Y0[i])
+        if S is not None:
+            w = torch.addcmul(w, b[:, :, -1, None, None], S[i])
+        new.append(w)
+    if S is not None:
+        S = [torch.addcmul((kmom[:, :, -1, :, None] * d).transpose(-1, -2) @ x, big_theta[:, :, -1, None, None], s)
+             for s, (d, x) in zip(S, factors)]
+    return o, new, S

@@ -129,3 +129,44 @@ def test_delta_rule_with_channel_gates(implicit, pre_decay, decay, eta_side):
                                             chunk, implicit, pre_decay)
         torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
         torch.testing.assert_close(final, W, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("decays,momentum,scaled", itertools.product([False, True], repeat=3))
+def test_dual_form_is_the_prefix_sum_of_its_steps(decays, momentum, scaled):
+    """One chunk of the mini-batch form, two weights read one after the other (a stand-in for the memory's forward):
+    every token's accumulator from its steps Y_t = α_t Y_{t-1} + S_t, S_t = θ_t S_{t-1} − η_t δ_t x_tᵀ (without
+    momentum Y_t = α_t Y_{t-1} − η_t δ_t x_tᵀ), each read scaled by scale_i, against _dual_form's masked matmuls."""
+    x = _inputs(4)
+    n, D = 7, 4
+    g = torch.Generator().manual_seed(5)
+    eta, theta, alpha = (x[name][:, :, :n] for name in ("eta", "theta", "alpha"))
+    alpha, theta = (alpha if decays else None), (theta if momentum else None)
+    Y0 = [torch.randn(B, H, D, D, generator=g, dtype=torch.float64) for _ in range(2)]
+    S0 = [torch.randn(B, H, D, D, generator=g, dtype=torch.float64) for _ in range(2)] if momentum else None
+    factors = [tuple(torch.randn(B, H, n, D, generator=g, dtype=torch.float64) for _ in range(2)) for _ in range(2)]
+    scale = [torch.rand(B, H, 1, 1, generator=g, dtype=torch.float64) + 0.5 for _ in range(2)] if scaled else None
+    h = torch.randn(B, H, n, D, generator=g, dtype=torch.float64)
+
+    def forward(layer, q):  # two layers, the second reading the first's output
+        return layer(1, layer(0, q))
+
+    Y, S, outs = list(Y0), (list(S0) if momentum else None), []
+    for t in range(n):
+        a = 1.0 if alpha is None else alpha[:, :, t, None, None]
+        for i, (delta, inp) in enumerate(factors):
+            step = -eta[:, :, t, None, None] * _outer(delta[:, :, t], inp[:, :, t])
+            if momentum:
+                S[i] = theta[:, :, t, None, None] * S[i] + step
+                Y[i] = a * Y[i] + S[i]
+            else:
+                Y[i] = a * Y[i] + step
+        read = h[:, :, t]
+        for i in range(2):
+            read = _read(Y[i], read) * (1 if scale is None else scale[i][..., 0])
+        outs.append(read)
+    o, Y_end, S_end = cf._dual_form(forward, Y0, S0, factors, h, eta, alpha, theta, scale=scale)
+    torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
+    torch.testing.assert_close(Y_end, Y, rtol=0, atol=1e-11)
+    assert (S_end is None) == (not momentum)
+    if momentum:
+        torch.testing.assert_close(S_end, S, rtol=0, atol=1e-11)
