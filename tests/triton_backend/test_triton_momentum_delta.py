@@ -134,13 +134,19 @@ def test_momentum_deltanet_vs_fla_with_p_equal_k():
 
 
 def test_channel_gates_have_no_chunked_triton_kernel():
-    """A decay over key channels makes the 2x2 factors per channel: no chunk form, and the request says so."""
+    """A decay over key channels makes the 2x2 factors per channel: no chunk form, and the request says so (a call
+    and its launch plan alike, whatever the backend)."""
     mod = mirasc.compile_spec("model m { memory = linear\n bias = l2\n retention = decay(alpha=gate(k))\n"
                               " learner = momentum(lr=gate, theta=gate) }")
     q = torch.randn(1, 4, 1, 3)
     gates = {"eta": torch.rand(1, 4, 1), "alpha": torch.rand(1, 4, 1, 3), "theta": torch.rand(1, 4, 1)}
-    with pytest.raises(RuntimeError, match="no chunked Triton kernel"):
-        mod.apply(q, q, q, gates, backend="triton", algorithm="chunked")
+    for backend in ("triton", "torch"):
+        with pytest.raises(ValueError, match="no chunked algorithm for this spec: the momentum delta rule"):
+            mod.apply(q, q, q, gates, backend=backend, algorithm="chunked")
+        with pytest.raises(ValueError, match="no chunked algorithm for this spec"):
+            mod.launch_plan(3, 3, backend=backend, algorithm="chunked")
+    plan = mod.launch_plan(3, 3, backend="triton")
+    assert plan["algorithm"] == "recurrent" and set(plan["kernels"]) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}
 
 
 def test_chunk_path_compiles_without_graph_breaks():
