@@ -268,6 +268,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_FORM"] = runtime_functions("chunk_forms", [form]) if form else ""
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
+    subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
+    subs.update(CHANNEL_K_FAST=repr(flags["channel_k_fast"]),
+                TOKEN_READ="_token_read" if flags["token_readout"] else "None")
     subs.update(IMPLICIT=repr(flags["implicit"]), PRE_DECAY=repr(flags["pre_decay"]),
                 GDELTA_ERASE=repr(flags["gdelta_write"]))
     subs["GPU_LIMITS"] = runtime_source("gpu_limits")

@@ -256,3 +256,78 @@ def _dual_form(forward, Y0, S, factors, qc, eta, alpha, theta, scale=None, windo
         S = [torch.addcmul((kmom[:, :, -1, :, None] * d).transpose(-1, -2) @ x, big_theta[:, :, -1, None, None], s)
              for s, (d, x) in zip(S, factors)]
     return o, new, S
+
+
+def _channel_chunk_form(W, Y, S, qc, delta, x, eta, alpha, theta, side, fast, read=None):
+    """One chunk of the mini-batch form with channel-wise decays, linear memory W [B, H, Dv, Dk]. Every update is rank
+    one at the anchor, U_r = -η_r δ_r x_rᵀ, and the decays scale `side` of W ("k": columns, "v": rows), so each
+    accumulator is Y_t = Y_0∘Γ_t + S_0∘B_t + Σ_{r<=t} K[t, r] ∘ (δ_r x_rᵀ),
+    K[t, r, j] = Σ_u D[t, u, j] M[u, r, j] (-η_r) with D the retention's and M the momentum's channel segment products
+    (∘ broadcasts over the side).
+    W, Y (None: W), S (None: no momentum): one-weight lists at the chunk's start; qc [B, H, n, Dk]; delta [B, H, n, Dv]
+    and x [B, H, n, Dk]: the chunk's gradient factors at the anchor; eta [B, H, n]; alpha, theta: [B, H, n] or
+    [B, H, n, D], or None. fast: α over key channels, no momentum, an identity read (GLA, HGRN2): log-space scores,
+    no [n, n, D] tensor. read(acc, qc) -> (o, W): a nonlinear per-token readout from every token's accumulator
+    [B, H, n, Dv, Dk] (None: the identity, read by masked matmuls). Returns (o [B, H, n, Dv], W, Y, S) at the chunk's
+    end; with the identity read the returned W is the accumulator at the end."""
+    n = qc.shape[2]
+    coefs = {name: t for name, t in (("alpha", alpha), ("theta", theta)) if t is not None}
+    if fast:
+        G = _log_decay(coefs, "alpha", 0, n)
+        scores = _decay_scores(qc, G, x, G, strict=False) * -eta.unsqueeze(-2)  # K[t, r] contracted with q_t, x_r
+        o = (qc * torch.exp(G)) @ W[0].transpose(-1, -2) + scores @ delta
+        last = torch.exp(G[:, :, -1:] - G) * -eta.unsqueeze(-1)  # e^{G_n − G_r}·(−η_r), every exponent <= 0
+        return o, [W[0] * torch.exp(G[:, :, -1, None, :]) + delta.transpose(-1, -2) @ (x * last)], Y, S
+    width = x.shape[-1] if side == "k" else delta.shape[-1]
+    if alpha is not None:
+        gamma, decay = _chunk_decay(coefs, "alpha", 0, n, width)
+    else:
+        gamma = torch.ones(*eta.shape, width, dtype=qc.dtype, device=qc.device)
+        decay = torch.ones(n, n, dtype=qc.dtype, device=qc.device).tril()[..., None].expand(n, n, width)
+    if theta is not None:
+        big_theta, mom = _chunk_decay(coefs, "theta", 0, n, width)
+        kmom = -mom * eta[:, :, None, :, None]  # S_t = S_0∘Θ_t + Σ_r kmom[t, r] ∘ δ_r x_rᵀ
+        kmat = torch.einsum("...tud,...urd->...trd", decay, kmom)
+        b = torch.einsum("...tud,...ud->...td", decay, big_theta)
+    else:
+        kmat = -decay * eta[:, :, None, :, None]
+    Y0 = W if Y is None else Y
+    if side == "k":  # Σ_r K[t, r] ∘ (δ_r x_rᵀ) applied to h is Σ_r δ_r Σ_j x_rj h_j K[t, r, j]
+        def on_side(w, f):  # a weight [.., Dv, Dk] scaled by per-token factors f [.., n, d] of its columns
+            return w.unsqueeze(2) * f.unsqueeze(-2)
+        end = torch.einsum("...rv,...rk->...vk", delta, x * kmat[:, :, -1])
+    else:
+        def on_side(w, f):  # rows scaled
+            return w.unsqueeze(2) * f.unsqueeze(-1)
+        end = torch.einsum("...rv,...rk->...vk", delta * kmat[:, :, -1], x)
+    if read is not None:  # each token's accumulator in the chunk, then read
+        acc = on_side(Y0[0], gamma)
+        if theta is not None:
+            acc = acc + on_side(S[0], b)
+        if side == "k":
+            acc = acc + torch.einsum("...rv,...trk->...tvk", delta, x.unsqueeze(2) * kmat)
+        else:
+            acc = acc + torch.einsum("...trv,...rk->...tvk", delta.unsqueeze(2) * kmat, x)
+        o, W = read(acc, qc)
+        Y = [acc[:, :, -1]]
+    else:  # o_t = (Y_0∘Γ_t) q_t + (S_0∘B_t) q_t + Σ_r (K[t, r] ∘ δ_r x_rᵀ) q_t, no per-token W
+        if side == "k":
+            o = (qc * gamma) @ Y0[0].transpose(-1, -2)
+            if theta is not None:
+                o = o + (qc * b) @ S[0].transpose(-1, -2)
+            o = o + torch.einsum("...tk,...rk,...trk->...tr", qc, x, kmat) @ delta
+        else:
+            o = gamma * (qc @ Y0[0].transpose(-1, -2))
+            if theta is not None:
+                o = o + b * (qc @ S[0].transpose(-1, -2))
+            o = o + torch.einsum("...tr,...trv,...rv->...tv", qc @ x.transpose(-1, -2), kmat, delta)
+        w = on_side(Y0[0], gamma[:, :, -1:])[:, :, 0] + end
+        if theta is not None:
+            w = w + on_side(S[0], b[:, :, -1:])[:, :, 0]
+        W = [w]
+    if theta is not None:
+        mom_end = kmom[:, :, -1]
+        rank1 = (torch.einsum("...rv,...rk->...vk", delta, x * mom_end) if side == "k"
+                 else torch.einsum("...rv,...rk->...vk", delta * mom_end, x))
+        S = [on_side(S[0], big_theta[:, :, -1:])[:, :, 0] + rank1]
+    return o, W, Y, S

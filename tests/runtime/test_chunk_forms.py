@@ -170,3 +170,51 @@ def test_dual_form_is_the_prefix_sum_of_its_steps(decays, momentum, scaled):
     assert (S_end is None) == (not momentum)
     if momentum:
         torch.testing.assert_close(S_end, S, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("side,decays,momentum,nonlinear",
+                         itertools.product(["k", "v"], [False, True], [False, True], [False, True]))
+def test_channel_dual_form_is_the_prefix_sum_of_its_steps(side, decays, momentum, nonlinear):
+    """One chunk of the mini-batch form with decays over the columns (side k) or rows (side v) of W: every token's
+    accumulator from its steps Y_t = Y_{t-1}∘α_t + S_t, S_t = S_{t-1}∘θ_t − η_t δ_t x_tᵀ (without momentum
+    Y_t = Y_{t-1}∘α_t − η_t δ_t x_tᵀ), read as Y_t q_t or through a nonlinear per-token readout (tanh of the
+    weights); with α over key columns, no momentum and the identity read also by the log-space path (fast)."""
+    n = 6
+    g = torch.Generator().manual_seed(6)
+    width = DK if side == "k" else DV
+
+    def rnd(*shape, low=0.5):
+        return low + (1 - low) * torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    eta = rnd(B, H, n, low=0.0)
+    alpha, theta = (rnd(B, H, n, width) if decays else None), (rnd(B, H, n, width) if momentum else None)
+    W0 = torch.randn(B, H, DV, DK, generator=g, dtype=torch.float64)
+    S0 = torch.randn(B, H, DV, DK, generator=g, dtype=torch.float64) if momentum else None
+    qc, x = (torch.randn(B, H, n, DK, generator=g, dtype=torch.float64) for _ in range(2))
+    delta = torch.randn(B, H, n, DV, generator=g, dtype=torch.float64)
+
+    def scale(w, f):  # f over the side's channels
+        return w * (f.unsqueeze(-2) if side == "k" else f.unsqueeze(-1))
+
+    def read(acc, q):
+        return torch.einsum("...tvk,...tk->...tv", torch.tanh(acc), q), [torch.tanh(acc[:, :, -1])]
+
+    Y, S, outs = W0.clone(), (S0.clone() if momentum else None), []
+    for t in range(n):
+        step = -eta[:, :, t, None, None] * _outer(delta[:, :, t], x[:, :, t])
+        if momentum:
+            S = scale(S, theta[:, :, t]) + step
+        Y = (Y if alpha is None else scale(Y, alpha[:, :, t])) + (S if momentum else step)
+        outs.append(_read(torch.tanh(Y) if nonlinear else Y, qc[:, :, t]))
+    o, W, Y_end, S_end = cf._channel_chunk_form([W0], None, [S0] if momentum else None, qc, delta, x, eta, alpha,
+                                                theta, side, fast=False, read=read if nonlinear else None)
+    torch.testing.assert_close(o, torch.stack(outs, 2), rtol=0, atol=1e-11)
+    torch.testing.assert_close(W[0], torch.tanh(Y) if nonlinear else Y, rtol=0, atol=1e-11)
+    if nonlinear:
+        torch.testing.assert_close(Y_end[0], Y, rtol=0, atol=1e-11)
+    if momentum:
+        torch.testing.assert_close(S_end[0], S, rtol=0, atol=1e-11)
+    if side == "k" and decays and not momentum and not nonlinear:
+        o_fast, W_fast, _, _ = cf._channel_chunk_form([W0], None, None, qc, delta, x, eta, alpha, None, side, fast=True)
+        torch.testing.assert_close(o_fast, o, rtol=0, atol=1e-11)
+        torch.testing.assert_close(W_fast[0], W[0], rtol=0, atol=1e-11)
