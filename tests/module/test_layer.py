@@ -241,3 +241,19 @@ def test_positive_initial_weights_are_learned_through_their_logits(retention):
         assert ((w - start[name]).norm() / start[name].norm()).item() > 1e-3, name  # it moved
         if retention.startswith("kl"):
             assert torch.allclose(w.sum(-1), torch.full_like(w.sum(-1), 2.0)), name
+
+
+@pytest.mark.parametrize("name,algorithm", [("gated_deltanet", "auto"), ("titans", "recurrent"),
+                                            ("transformer", "auto"), ("hedgehog", "auto")])
+def test_layer_launch_plan_is_the_modules_at_its_sizes(name, algorithm):
+    """Layer.launch_plan is the module's launch_plan at the layer's head size and algorithm, for inputs in the
+    parameters' dtype (a bf16 layer's memory gets 16-bit q, k, v) unless another is given."""
+    pytest.importorskip("triton")
+    mod = mirasc.compile_spec(Path(__file__).resolve().parents[2] / "specs" / f"{name}.miras")
+    layer = mod.Layer(96, 2, algorithm=algorithm, head_dim=32)
+    assert layer.launch_plan() == mod.launch_plan(32, 32, algorithm=algorithm)
+    layer = layer.to(torch.bfloat16)
+    plan = layer.launch_plan(device="sm_80")
+    assert plan == mod.launch_plan(32, 32, dtype=torch.bfloat16, device="sm_80", algorithm=algorithm)
+    assert layer.launch_plan(dtype=torch.float32) == mod.launch_plan(32, 32, algorithm=algorithm)
+    assert (plan["backend"] == "triton") == (algorithm == "auto") and plan["precision"] in (None, "bf16", "bf16x2")
