@@ -14,9 +14,13 @@ def _plan_device(device):
     if isinstance(device, str) and device.startswith("sm_"):
         return _GPUTarget(device)
     try:
-        return torch.device(device)
+        device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device must be a torch device or a GPU target such as 'sm_90', not {device!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} is not available here; name a GPU by its compute capability (such as "
+                         "'sm_90') to plan for one")
+    return device
 
 
 def _auto_reason(triton, device, algorithm="auto"):

@@ -54,6 +54,8 @@ def test_torch_and_cpu_plans_list_no_kernels():
     ((8, 4, torch.int32, "sm_90", "auto", "auto"), "dtype must be"),
     ((8, 4, torch.float32, "sm_75", "auto", "auto"), "unknown GPU target 'sm_75'; one of sm_80"),
     ((8, 4, torch.float32, "gpu0", "auto", "auto"), "device must be a torch device or a GPU target"),
+    pytest.param((8, 4, torch.float32, "cuda", "auto", "auto"), "'cuda' is not available here; name a GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present")),
     ((8, 4, torch.float32, "sm_90", "cuda", "auto"), "backend must be"),
     ((8, 4, torch.float32, "sm_90", "auto", "parallel"), "algorithm must be"),
 ])
