@@ -1,8 +1,8 @@
-"""What a memory module's `apply` would run for given head sizes, dtype and device, without running it: its
-`launch_plan` (a runtime piece: its body is copied into the emitted modules with Triton kernels, by
-mirasc.codegen.standalone; docs/module-api.md, "launch_plan"). The spec-dependent parts come in as the module's
-hooks: `route` (which backend and algorithm, and why a Triton path is not taken) and `kernels` (each kernel's
-configurations at these sizes)."""
+"""What an emitted module's `apply` would run for given head sizes, dtype and device, without running it: its
+`launch_plan` (a runtime piece: its body is copied into every emitted module by mirasc.codegen.standalone;
+docs/module-api.md, "launch_plan"). The spec-dependent parts come in as the module's hooks: `route` (which backend
+and algorithm, and why backend='auto' leaves the Triton kernels out), `kernels` (each kernel's configurations at
+these sizes), `precision` (how the dots multiply) and `widths` (the widths the memory itself reads)."""
 
 import torch
 
