@@ -234,10 +234,11 @@ def cmd_kernels(args) -> int:
     import os
     from dataclasses import asdict
 
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET"):
-        print("error: mirasc kernels compiles for a GPU; run it without TRITON_INTERPRET=1", file=sys.stderr)
-        return 2
-    os.environ.pop("TRITON_INTERPRET", None)
+    if not args.plan_only:  # (the launch plan compiles nothing)
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET"):
+            print("error: mirasc kernels compiles for a GPU; run it without TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        os.environ.pop("TRITON_INTERPRET", None)
     from .lab import kernel_report as kr
 
     status, every = 0, []
@@ -245,6 +246,13 @@ def cmd_kernels(args) -> int:
         compiled = _load(spec)  # a bad spec is reported like everywhere else (exit 2)
         print(f"== {spec}: {args.target}, Dk={args.dk} Dv={args.dv or args.dk}, {args.dtype}, T={args.length}")
         print("\n".join(compiled.plan.describe()))
+        try:
+            print(_launch_plan_line(compiled, args))
+        except ValueError as err:  # sizes the module refuses whatever the backend (a mini-batch's fixed chunk)
+            print(f"error: {spec}: {err}", file=sys.stderr)
+            return 2
+        if args.plan_only:
+            continue
         try:
             rows = kr.report(spec, target=args.target, dk=args.dk, dv=args.dv or args.dk, dtype=args.dtype,
                              T=args.length, chunk=args.chunk, which="extremes" if args.extremes else "all",
@@ -266,6 +274,23 @@ def cmd_kernels(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(every, indent=1), encoding="utf-8")
     return status
+
+
+def _launch_plan_line(compiled, args) -> str:
+    """What the module's apply runs with backend='auto' on a GPU of the target (its launch_plan), in one line."""
+    import torch
+
+    from . import compiler
+
+    module = compiler.load_source(compiled.source, compiled.spec.name)
+    plan = module.launch_plan(args.dk, args.dv or args.dk, dtype=getattr(torch, args.dtype), device=args.target,
+                              chunk_size=args.chunk)
+    head = f"launch plan (backend='auto', {args.target}): {plan['backend']}, {plan['algorithm']}"
+    if plan["backend"] != "triton":
+        return f"{head}: {plan['reason']}"
+    chunk = f", {plan['chunk']} tokens per chunk" if plan["chunk"] else ""
+    spaces = ", ".join(f"{name} {len(configs)}" for name, configs in plan["kernels"].items())
+    return f"{head}{chunk}, {plan['precision']} dots; configurations a GPU may try: {spaces}"
 
 
 def _describe_state(state) -> str:
@@ -461,6 +486,8 @@ def _kernels_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extremes", action="store_true", help="compile only the first (safest) and last (largest) "
                    "configuration the resource model keeps per autotuned kernel (a quick check)")
     p.add_argument("--json", default=None, help="also write every row as JSON to this file")
+    p.add_argument("--plan-only", action="store_true", help="print the compile-time plan and the launch plan "
+                   "(what apply runs on the target, module.launch_plan) and compile nothing")
     p.set_defaults(fn=cmd_kernels)
 
 

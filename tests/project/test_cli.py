@@ -305,6 +305,23 @@ def test_kernels_bad_sizes_exit_2(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+def test_kernels_plan_only_prints_the_launch_plan(capsys):
+    """`mirasc kernels --plan-only`: the compile-time plan and what apply runs on the target (the module's
+    launch_plan), nothing compiled; a chunk size the spec fixes otherwise is a located error, exit 2."""
+    argv = ["kernels", str(SPECS / "gated_deltanet.miras"), "--plan-only", "--dk", "128", "--target", "sm_80"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("launch plan (backend='auto', sm_80): triton, chunked, 64 tokens per chunk, bf16 dots; configurations a "
+            "GPU may try: _chunk_state_fwd") in out
+    assert main(["kernels", str(SPECS / "based.miras"), "--plan-only", "--dk", "128"]) == 0
+    assert "launch plan (backend='auto', sm_90): torch, chunked: the chunked Triton kernels have no configuration" \
+        in capsys.readouterr().out
+    assert main(["kernels", str(SPECS / "titans.miras"), "--plan-only", "--chunk", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and "titans.miras: chunk_size is the spec's mini-batch size here (minibatch(64))" in err
+    assert "Traceback" not in err
+
+
 def test_builtin_forms_always_derive():
     """`mirasc check` skips the symbolic derivation for specs without expressions; that is sound only if
     every spec of built-in forms the front end accepts also derives. Check it over the vocabulary."""
