@@ -265,7 +265,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     forms = (("chunk_delta", "_delta_chunks"), ("chunk_momentum_delta", "_momentum_delta_chunks"),
              ("channel_delta", "_channel_delta_chunks"), ("chunk_gdelta", "_gdelta_chunks"))
     form = next((f for flag, f in forms if flags[flag]), None)
-    subs["CHUNK_FORM"] = runtime_functions("chunk_forms", [form]) if form else ""
+    subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form]) if form else ""
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])

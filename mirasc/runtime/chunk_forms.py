@@ -15,16 +15,25 @@ from .channel_decay import _chunk_decay, _decay_scores, _log_decay, _mix, _score
 from .segments import _segment_products
 
 
+def _chunks(T, chunk):
+    """(c0, c1) of each chunk of `chunk` tokens over T (the last one partial)."""
+    for c0 in range(0, T, chunk):
+        yield c0, min(c0 + chunk, T)
+
+
+def _solve_unit_lower(lower, rhs):
+    """X with (I + lower) X = rhs, lower strictly lower triangular over its last two axes (one chunk's tokens)."""
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
+    return torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+
+
 def _delta_chunks(q, k, v, eta, alpha, W, chunk, implicit, pre_decay):
     """The delta rule (linear memory, l2 bias, a decay per head): per token W_t = α_t W_{t-1} - u_t k_tᵀ with
     u_t = β_t (W' k_t - v_t), W' = α_t W_{t-1} (pre_decay) or W_{t-1}, β = η (or η / (1 + η‖k‖²), the implicit
     step). Unrolled in a chunk: W_t = γ_t W_0 - Σ_{s<=t} D[t,s] u_s k_sᵀ, so the u's solve (I + L) U = R with
     L[t,s] = β_t M[t,s] (k_s·k_t) for s < t. W [B, H, Dv, Dk]; returns (o, final W)."""
     outs = []
-    T = q.shape[2]
-    for c0 in range(0, T, chunk):
-        c1 = min(c0 + chunk, T)
-        n = c1 - c0
+    for c0, c1 in _chunks(q.shape[2], chunk):
         qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
         e = eta[:, :, c0:c1]
         beta = e / (1 + e * (kc * kc).sum(-1)) if implicit else e  # implicit: the proximal step
@@ -39,8 +48,7 @@ def _delta_chunks(q, k, v, eta, alpha, W, chunk, implicit, pre_decay):
         kk = kc @ kc.transpose(-1, -2)
         lower = beta.unsqueeze(-1) * (m * kk).tril(-1)
         rhs = beta.unsqueeze(-1) * (a.unsqueeze(-1) * (kc @ W.transpose(-1, -2)) - vc)
-        eye = torch.eye(n, dtype=q.dtype, device=q.device)
-        u = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        u = _solve_unit_lower(lower, rhs)
         o = gamma.unsqueeze(-1) * (qc @ W.transpose(-1, -2)) - (decay * (qc @ kc.transpose(-1, -2))) @ u
         W = gamma[:, :, -1, None, None] * W - (decay[:, :, -1, :, None] * u).transpose(-1, -2) @ kc
         outs.append(o)
@@ -55,10 +63,7 @@ def _momentum_delta_chunks(q, k, v, eta, theta, alpha, W, S, chunk, pre_decay):
     W_t = A(t,0) W_0 + C(t,0) S_0 + Σ_{s<=t} (A·Θ)(t,s) δ_s k_sᵀ, S_t = Θ(t,0) S_0 + Σ_{s<=t} Θ(t,s) δ_s k_sᵀ, and
     the δ's solve one unit lower triangular system (u_t reads W_{t-1}). Returns (o, final W, final S)."""
     outs = []
-    T = q.shape[2]
-    for c0 in range(0, T, chunk):
-        c1 = min(c0 + chunk, T)
-        n = c1 - c0
+    for c0, c1 in _chunks(q.shape[2], chunk):
         qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
         e, th = eta[:, :, c0:c1], theta[:, :, c0:c1]
         a_c = torch.ones_like(e) if alpha is None else alpha[:, :, c0:c1]
@@ -75,8 +80,7 @@ def _momentum_delta_chunks(q, k, v, eta, theta, alpha, W, S, chunk, pre_decay):
         u0 = (seg_a[..., :-1, 0, None] * (kc @ W.transpose(-1, -2))
               + (write - seg_a)[..., :-1, 0, None] * (kc @ S.transpose(-1, -2)))
         rhs = e.unsqueeze(-1) * vc - beta.unsqueeze(-1) * u0
-        eye = torch.eye(n, dtype=q.dtype, device=q.device)
-        delta = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+        delta = _solve_unit_lower(lower, rhs)
         o = (from_w.unsqueeze(-1) * (qc @ W.transpose(-1, -2)) + from_s.unsqueeze(-1) * (qc @ S.transpose(-1, -2))
              + (write[..., 1:, 1:] * (qc @ kc.transpose(-1, -2))) @ delta)
         W = (from_w[..., -1, None, None] * W + from_s[..., -1, None, None] * S
@@ -99,9 +103,7 @@ def _channel_delta_chunks(q, k, v, eta, eta_ch, eta_side, alpha, alpha_side, W, 
     or [B, H, T, D], or None. Returns (o, final W)."""
     coefs = {} if alpha is None else {"alpha": alpha}
     outs = []
-    T = q.shape[2]
-    for c0 in range(0, T, chunk):
-        c1 = min(c0 + chunk, T)
+    for c0, c1 in _chunks(q.shape[2], chunk):
         n = c1 - c0
         qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
         e = eta[:, :, c0:c1].unsqueeze(-1)  # [B, H, n, 1]
@@ -143,15 +145,11 @@ def _channel_delta_chunks(q, k, v, eta, eta_ch, eta_side, alpha, alpha_side, W, 
             qk = _scores(qc, wk, dk)  # Σ_j q_tj w_sj D^k[t, s, j]
             wk_end = dk[:, :, -1] * wk
         rhs = beta * (av * ((kc * ak) @ W.transpose(-1, -2)) - vc)
-        eye = torch.eye(n, dtype=q.dtype, device=q.device)
         if beta.shape[-1] == 1 and mv.shape[-1] == 1:  # one system shared by all value channels
-            lower = (beta * mv[..., 0] * kk).tril(-1)
-            u = torch.linalg.solve_triangular(eye + lower, rhs, upper=False, unitriangular=True)
+            u = _solve_unit_lower((beta * mv[..., 0] * kk).tril(-1), rhs)
         else:  # one system per value channel: L_i[t, s] = β_{t,i} D^v[t,s,i] kk[t, s]
             lower = (beta.unsqueeze(-2) * mv * kk.unsqueeze(-1)).permute(0, 1, 4, 2, 3).tril(-1)
-            sol = torch.linalg.solve_triangular(eye + lower, rhs.transpose(-1, -2).unsqueeze(-1), upper=False,
-                                                unitriangular=True)
-            u = sol.squeeze(-1).transpose(-1, -2)
+            u = _solve_unit_lower(lower, rhs.transpose(-1, -2).unsqueeze(-1)).squeeze(-1).transpose(-1, -2)
         o = gv * ((qc * gk) @ W.transpose(-1, -2)) - _mix(qk, dv, u)
         W = gv[:, :, -1, :, None] * W * gk[:, :, -1, None, :] - (dv[:, :, -1] * u).transpose(-1, -2) @ wk_end
         outs.append(o)
@@ -169,10 +167,7 @@ def _gdelta_chunks(q, k, v, kappa, eta, eta_k, alpha, W, chunk, erase_kappa, pre
     or [B, H, T, Dk], or None (no decay). Returns (o, final W)."""
     coefs = {} if alpha is None else {"alpha": alpha}
     outs = []
-    T = q.shape[2]
-    for c0 in range(0, T, chunk):
-        c1 = min(c0 + chunk, T)
-        n = c1 - c0
+    for c0, c1 in _chunks(q.shape[2], chunk):
         qc, kc, vc, kap = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1], kappa[:, :, c0:c1]
         e = eta[:, :, c0:c1].unsqueeze(-1)  # [B, H, n, 1]
         if eta_k is not None:
@@ -191,8 +186,7 @@ def _gdelta_chunks(q, k, v, kappa, eta, eta_k, alpha, W, chunk, erase_kappa, pre
         a_erase = _decay_scores(kap, Ga, erase, G, strict=True)  # (b_s·Γ'_{t←s} κ_t), s < t
         a_write = _decay_scores(kap, Ga, write, G, strict=True)  # (w_s·Γ'_{t←s} κ_t), s < t
         rhs = (kap * torch.exp(Ga)) @ W.transpose(-1, -2) + a_write @ vc
-        eye = torch.eye(n, dtype=q.dtype, device=q.device)
-        u = torch.linalg.solve_triangular(eye + a_erase, rhs, upper=False, unitriangular=True)
+        u = _solve_unit_lower(a_erase, rhs)
         o = ((qc * torch.exp(G)) @ W.transpose(-1, -2) + _decay_scores(qc, G, write, G, strict=False) @ vc
              - _decay_scores(qc, G, erase, G, strict=False) @ u)
         to_end = torch.exp(G[:, :, -1:] - G)  # Γ_{n←s}, every exponent <= 0
