@@ -1,5 +1,6 @@
-"""The chunked Triton kernel families (their kernels: mirasc/runtime/kernels/; the host side:
-templates/triton_chunked.py.tmpl), forward and backward: linear
+"""The chunked Triton kernel families (their kernels: mirasc/runtime/kernels/; their host side:
+mirasc/runtime/chunk_host.py, chunk_channel_host.py, chunk_ops.py, chunk_path.py, momentum_host.py;
+templates/triton_chunked.py.tmpl only sets the spec's choices and names the pieces), forward and backward: linear
 memories whose update is affine in the state — Hebbian (dot bias), the delta rule (l2 bias, gd or implicit
 step, exact), the generalized delta transition (l2 with read=kappa / erase=kappa: Comba, RWKV-7) and mini-batch
 l2 — with none/decay retention. One set of kernels serves all four (a state
@@ -17,8 +18,9 @@ The momentum delta rule (l2, momentum, gates per head) is the exception: its sta
 chunk-parallel parts (outputs, gradients) as torch matmuls on the chunk states they store (the kernels and the
 recurrence: mirasc/runtime/kernels/momentum.py).
 
-Nothing here is printed from the IR: the kernels are fixed, real modules, and `chunk_kernels_source` picks those a
-family launches.
+Nothing here is printed from the IR: the kernels and their host side are fixed, real modules;
+`chunk_kernels_source` picks the kernels a family launches, `chunk_host_source`, `chunk_family_source` and
+`chunk_path_source` the host functions it calls.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .directives import preprocess
-from .standalone import kernels_source, runtime_source
+from .standalone import kernels_source, runtime_functions, runtime_source
 
 CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
 
@@ -56,8 +58,20 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "features": features,  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return (preprocess(CHUNK_TEMPLATE, flags).replace("{{OP_ID}}", op_id)
+    kernel_names = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
+                    "_chunk_grads_bwd") + (("_wy_fwd", "_wy_bwd") if family == "delta" else ())
+    choices = {"CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "IMPLICIT": flags["implicit"],
+               "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale, "COMPOSITE": flags["composite"],
+               "ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1, "CHUNK_KERNEL_NAMES": kernel_names}
+    text = preprocess(CHUNK_TEMPLATE, flags)
+    for name, value in choices.items():
+        text = text.replace("{{" + name + "}}", repr(value))
+    return (text.replace("{{OP_ID}}", op_id)
             .replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
+            .replace("{{CHUNK_HOST}}", chunk_host_source(family, flags))
+            .replace("{{CHUNK_FAMILY}}", chunk_family_source(family, flags))
+            .replace("{{CHUNK_PATH}}", chunk_path_source(family))
+            .replace("{{PREPARATION}}", PREPARATION.get(family, "")).replace("{{ON_KERNELS}}", on_kernels(flags))
             .replace("{{CHUNK_DOTS}}\n", kernels_source("dots") + "\n")
             .replace("{{CHUNK_KERNELS}}\n", chunk_kernels_source(family, flags) + "\n"))
 
@@ -86,3 +100,67 @@ def chunk_kernels_source(family: str, flags: dict[str, bool]) -> str:
         parts.append(("chunk_head", HEAD + (HEAD_PREPARATION if flags["wy_kernels"] else ())))
     parts.append(("chunk", ("_chunk_output_fwd",)))
     return "\n".join(kernels_source(m, f) for m, f in parts)
+
+
+# the host functions of a family's path, by their module under mirasc/runtime/ (copied in this order)
+FIT = ("_TUNED", "FIT_SMEM_LIMIT", "_chunk_fit_limit", "_chunk_fit_error", "_chunk_tile", "_check_chunk_fits",
+       "_chunk_launch_sizes", "_chunk_fit_reason", "_chunk_plan", "_launch_prec", "_tile_rows")
+LAUNCH = ("_chunk_kernel", "_CHUNK_AUTOTUNE", "_CHUNK_LAUNCHED", "_sub_blocks", "_sub", "_out_dtype", "_o_dtype",
+          "_o_written", "_layout", "_read_exponents")
+ONE_OP = ("_in_place", "_rows", "_scan_cotangents", "_proximal_beta")  # the one-op paths' helpers
+SCAN_OP = ("_chunk_fwd", "_scores_fake", "_chunk_bwd", "_register_chunk_op", "_CHUNK_OP")
+CHANNEL_HOST = ("_log_decay_launch", "_register_log_decay_op", "_LOG_DECAY_OP", "_log_decays", "_scores_bk",
+                "_scores_fwd", "_output_scores")
+CHANNEL_SCORES = ("_scores_bwd", "_register_scores_op", "_SCORES_OP", "_channel_scores")  # the scores' backward
+HEBBIAN_OP = ("_register_hebbian_op", "_HEBBIAN_OP", "_hebbian_on_kernels")
+DELTA_OP = ("_dims", "_wy_fwd_launch", "_wy_bwd_launch", "_register_delta_op", "_DELTA_OP", "_delta_on_kernels")
+WY_OP = ("_register_wy_op", "_f32", "_WY_OP", "_scores_preparation")
+CHANNEL_DELTA_OP = ("_register_channel_delta_op", "_CHANNEL_DELTA_OP", "_channel_delta_on_kernels")
+
+
+PREPARATION = {"hebbian": "_hebbian_preparation", "delta": "_delta_preparation", "gdelta": "_gdelta_preparation",
+               "minibatch": "_minibatch_preparation"}  # each family's chunk-local preparation (chunk_path.py)
+
+
+def chunk_path_source(family: str) -> str:
+    """The chunked path and the family's preparation (mirasc/runtime/chunk_path.py); none for the momentum delta
+    rule, whose path is its own."""
+    if family not in PREPARATION:
+        return ""
+    return runtime_functions("chunk_path", ["_chunk_path", "_unit_lower_solves", "_decayed", PREPARATION[family]])
+
+
+def on_kernels(flags: dict[str, bool]) -> str:
+    """The one-op path a family runs where a chunk is one tile (chunk_ops.py), or None."""
+    if flags["chunk_hebbian"]:
+        return "_hebbian_on_kernels"
+    return "_delta_on_kernels" if flags["wy_kernels"] else "_channel_delta_on_kernels" if flags["wy_fused"] else "None"
+
+
+def chunk_host_source(family: str, flags: dict[str, bool]) -> str:
+    """The chunk kernels' host side a family's path calls (mirasc/runtime/chunk_host.py, and
+    chunk_channel_host.py for a key-channel decay), each function once."""
+    if family == "momentum":
+        return runtime_functions("chunk_host", list(FIT))
+    names = list(FIT + LAUNCH) + (["_split"] if flags["chunk_delta"] else [])
+    names += list(ONE_OP) if flags["one_op"] else []
+    # the decay layout's pieces: one log-decay per head (chunk_host.py) or over key channels (chunk_channel_host.py)
+    layout = ["_chunk_decays"] + (["_pair_scores"] if flags["chunk_scores"] else [])
+    if not flags["ch_alpha"]:
+        layout += ["_output_scores"] + (["_scores_preparation"] if flags["chunk_delta"] else [])
+        return runtime_functions("chunk_host", names + list(SCAN_OP) + layout)
+    return runtime_functions("chunk_host", names + list(SCAN_OP)) + "\n\n\n" + runtime_functions(
+        "chunk_channel_host", list(CHANNEL_HOST) + (list(CHANNEL_SCORES) if flags["chunk_scores"] else []) + layout)
+
+
+def chunk_family_source(family: str, flags: dict[str, bool]) -> str:
+    """A family's own host pieces: the one-op paths (mirasc/runtime/chunk_ops.py) or the momentum delta rule's
+    path (mirasc/runtime/momentum_host.py)."""
+    if family == "momentum":
+        return runtime_functions("momentum_host", ["_mom_configs", "_mom_kernel", "_CHUNK_AUTOTUNE", "_CHUNK_LAUNCHED",
+                                                   "_mom_fwd", "_mom_bwd", "_register_mom_op", "_MOM_OP", "_CHUNK_OP",
+                                                   "_chunked_triton"])
+    names = (HEBBIAN_OP if flags["chunk_hebbian"] and flags["one_op"] else ()) + (
+        DELTA_OP if flags["wy_kernels"] else ()) + (WY_OP if flags["wy_scores"] else ()) + (
+        CHANNEL_DELTA_OP if flags["wy_fused"] else ())
+    return runtime_functions("chunk_ops", list(names)) if names else ""
