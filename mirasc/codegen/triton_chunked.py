@@ -60,8 +60,9 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
     op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     kernel_names = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
                     "_chunk_grads_bwd") + (("_wy_fwd", "_wy_bwd") if family == "delta" else ())
-    choices = {"CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "IMPLICIT": flags["implicit"],
-               "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale, "COMPOSITE": flags["composite"],
+    choices = {"CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "ETA_K": flags["ch_eta"],
+               "IMPLICIT": flags["implicit"], "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale,
+               "COMPOSITE": flags["composite"],
                "ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1, "CHUNK_KERNEL_NAMES": kernel_names}
     text = preprocess(CHUNK_TEMPLATE, flags)
     for name, value in choices.items():

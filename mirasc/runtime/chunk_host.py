@@ -19,6 +19,7 @@ from .kernels.chunk_head import _chunk_du_local_bwd, _chunk_grads_bwd
 # ---- the emitted module's choices (examples)
 CH_DECAY = False  # the decay is a vector over key channels (g [B, H, T, Dk]), else one log-decay per head (g [B, H, T])
 DECAY = False  # retention=decay: a log-decay per token (else none: g = 0)
+ETA_K = False  # lr=gate(k) (or a preconditioned η ⊙ m(a)): the written key is η ⊙ k, c["eta_ch"] the channel rates
 IMPLICIT = False  # the delta rule's implicit (proximal) step: β = η / (1 + η‖k‖²)
 PRE_DECAY = False  # order=pre: the gradient (or the erase) sees the decayed state W_{t-1} D_t, else W_{t-1}
 LQ_SCALE = False  # readout=chunk of lq retention: the chunk's updates in weight space are η / n_c (c["lqs0"])

@@ -10,6 +10,7 @@ import triton
 from .chunk_channel_host import _chunk_scores_bwd, _scores_bk, _scores_fwd
 from .chunk_host import (
     CH_DECAY,
+    ETA_K,
     IMPLICIT,
     OP_ID,
     _chunk_bwd,
@@ -31,7 +32,6 @@ from .chunk_host import (
 from .chunk_space import SUB
 from .custom_ops import _register_op
 from .kernels.chunk_head import _wy_bwd, _wy_fwd
-from .memory_spec import GATE_CHANNELS
 
 
 def _register_hebbian_op():
@@ -91,7 +91,7 @@ def _hebbian_on_kernels(q, k, v, c, state, eta, g, chunks, prec):
     T, n, Dk = q.shape[2], g.shape[3], q.shape[-1]
     tf, flat = _in_place(q, g, chunks)
     # lr=gate(k): the written key is η ⊙ k (the kernels' K)
-    kf = flat(k.float() * c["eta_ch"].float()) if GATE_CHANNELS.get("eta") == "k" else flat(k)
+    kf = flat(k.float() * c["eta_ch"].float()) if ETA_K else flat(k)
     qf, w0, g = flat(q), state["W"].float(), _rows(g)
     pad = (-Dk) % 16
     if pad:  # (a key-channel log-decay of 0 on the padded columns: no decay of what is never written)
@@ -198,7 +198,7 @@ def _delta_on_kernels(q, k, v, c, state, eta, g, chunks, prec):
     tf, flat = _in_place(q, g, chunks)
     qf, kf, vf = flat(q), flat(k), flat(v)
     # the written key: η ⊙ k under lr=gate(k) (the kernels' K), else the read key (None)
-    w = flat(k.float() * c["eta_ch"].float()) if GATE_CHANNELS.get("eta") == "k" else None
+    w = flat(k.float() * c["eta_ch"].float()) if ETA_K else None
     beta = _proximal_beta(eta, kf, tf) if IMPLICIT else eta
     x = _read_exponents(g)
     o, w_final = _DELTA_OP(qf, kf, w, vf, _rows(beta), _rows(x), _rows(g), state["W"].float().contiguous(), n, prec,

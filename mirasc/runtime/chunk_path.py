@@ -20,6 +20,7 @@ from .chunk_host import (
     _CHUNK_OP,
     _ROWS_PER_TOKEN,
     CH_DECAY,
+    ETA_K,
     IMPLICIT,
     LQ_SCALE,
     _check_chunk_fits,
@@ -30,7 +31,6 @@ from .chunk_host import (
     _scores_preparation,
     _tile_rows,
 )
-from .memory_spec import GATE_CHANNELS
 
 
 def _chunk_path(q, k, v, c, state, chunk, prec, prepare, on_kernels=None):
@@ -62,7 +62,7 @@ def _chunk_path(q, k, v, c, state, chunk, prec, prepare, on_kernels=None):
     q32, k32, v32 = (t.float() for t in (q, k, v))
     kc, vc = chunks(k32), chunks(v32)
     # the written key: η ⊙ k under lr=gate(k) (the kernels' K), else the read key
-    wc = kc * chunks(c["eta_ch"].float()) if GATE_CHANNELS.get("eta") == "k" else kc
+    wc = kc * chunks(c["eta_ch"].float()) if ETA_K else kc
     qc, wc, wk, u, g = prepare(chunks(q32), kc, vc, wc, c, eta, g, chunks, prec)
     # Each chunk becomes one tile of BT rows (a power of two >= 16, tl.dot's minimum): rows past the chunk's
     # rows have zero k, Wk and U (they write nothing) and keep the chunk's last log-decay (α = 1).
@@ -134,7 +134,7 @@ def _gdelta_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
         wk, u = _unit_lower_solves(_pair_scores(kap, erase, x, g, prec), (a_k, vc))
         return qc, erase, wk, u, g
     rate = eta.unsqueeze(-1)
-    if GATE_CHANNELS.get("eta") == "k":
+    if ETA_K:
         rate = rate * chunks(c["eta_ch"].to(kc.dtype))
     erase = rate * kap  # the erase direction η ⊙ κ; v is written along k at unit rate
     wk, u = _unit_lower_solves(_pair_scores(kap, erase, x, g, prec), (a_k, _pair_scores(kap, kc, x, g, prec) @ vc))

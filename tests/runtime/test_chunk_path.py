@@ -81,9 +81,9 @@ def _prepare(x, prepare, decay=True, eta_k=False):
 @pytest.mark.parametrize("pre", [True, False])
 @pytest.mark.parametrize("implicit", [False, True])
 @pytest.mark.parametrize("eta_k", [False, True])
-def test_delta_preparation(choices, monkeypatch, pre, implicit, eta_k):
+def test_delta_preparation(choices, pre, implicit, eta_k):
     choices(PRE_DECAY=pre, IMPLICIT=implicit)
-    monkeypatch.setattr(chunk_path, "GATE_CHANNELS", {"eta": "k"} if eta_k else {})
+    choices(ETA_K=eta_k)
     x = _inputs(0)
     _, wc, wk, u, g = _prepare(x, chunk_path._delta_preparation, eta_k=eta_k)
 
@@ -113,10 +113,10 @@ def test_gdelta_read_kappa_preparation(choices, pre):
 
 @pytest.mark.parametrize("pre", [True, False])
 @pytest.mark.parametrize("eta_k", [False, True])
-def test_gdelta_erase_kappa_preparation(choices, monkeypatch, pre, eta_k):
+def test_gdelta_erase_kappa_preparation(choices, pre, eta_k):
     """erase=kappa: an erase row and a write row per token, q on the write row."""
     choices(PRE_DECAY=pre, _ROWS_PER_TOKEN=2)
-    monkeypatch.setattr(chunk_path, "GATE_CHANNELS", {"eta": "k"} if eta_k else {})
+    choices(ETA_K=eta_k)
     x = _inputs(2)
     qc, wc, wk, u, g = _prepare(x, chunk_path._gdelta_preparation, eta_k=eta_k)
     assert qc.shape[3] == 2 * N and bool((qc[:, :, :, 0::2] == 0).all())
