@@ -12,13 +12,21 @@ from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
 from .directives import preprocess
-from .standalone import kernels_source, runtime_source
+from .standalone import kernels_source, runtime_functions, runtime_source
 from .torch_backend import layer_source, per_head_source
 
 TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
 STICKBREAKING = (TEMPLATES / "stickbreaking_triton.py.tmpl").read_text()
+# the host functions of the Triton reads, by their module under mirasc/runtime/ (copied in this order)
+SHARED_HOST = ("_flash_interpreted", "_dot_options", "_packed_offsets", "_flash_delta", "_flash_rows")
+FLASH_HOST = ("_TUNED", "_autotuned", "_flash_kernel", "_flash_launch_configs", "_ATTENTION_AUTOTUNE",
+              "_triton_kernels", "_head_tiles", "_strides", "_rows_last", "_like_rows", "_flash_forward",
+              "_flash_backward", "_register_ops", "_FLASH_OP", "_flash_attention")
+STICKBREAKING_HOST = ("_SB_KERNELS", "_sb_config", "_sb_space", "_STICKBREAKING_AUTOTUNE", "_triton_kernels",
+                      "_sb_launch_options", "_sb_forward", "_sb_backward", "_register_ops", "_SB_OP",
+                      "_stickbreaking_attention")
 
 
 def _decay(r) -> str:
@@ -64,6 +72,10 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "ATTENTION_KERNELS": kernels_source("attention") + ("\n" + kernels_source("flash") if m.kernel == "softmax"
                                                             else ""),
         "STICKBREAKING_KERNELS": kernels_source("stickbreaking"),
+        # the host side (mirasc/runtime/): the helpers both reads share, then the read's own
+        "ATTENTION_HOST": runtime_functions("attention_host", list(SHARED_HOST) + (
+            list(FLASH_HOST) if m.kernel == "softmax" else [])),
+        "STICKBREAKING_HOST": runtime_functions("stickbreaking_host", list(STICKBREAKING_HOST)),
     }
     body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay",
                                  "per_head": bool(spec.per_head()), "stickbreaking": m.kernel == "stickbreaking"})

@@ -17,3 +17,4 @@ REMAINDER = "none"  # stick-breaking: where the stick left over goes
 ATTEND_CURRENT = False  # stick-breaking: whether query t reads its own pair
 SINK = False  # a learned logit per head in every read's denominator
 DECAY = None  # forget gate on the stored pairs: None, "gate", "per_head" or a constant α
+OP_ID = "0123456789ab"  # the Triton ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
