@@ -268,6 +268,13 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form]) if form else ""
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
+    step = ("_muon_chunk" if flags["chunk_muon"] else "_lq_chunk" if flags["chunk_lq"]
+            else "_kl_chunk" if flags["chunk_kl"] else "_token_chunk" if flags["token_readout"]
+            else "_identity_chunk")  # the chunk step of the mini-batch form: muon's, else the readout's
+    subs["MINIBATCH_CHUNKS"] = runtime_functions("minibatch_chunks", ["_minibatch_chunks"] + (
+        [] if flags["chunk_muon"] else ["_coefs_of"]) + [step])
+    subs.update(MB_STEP=step, MB_WINDOW="(_omega_sequence, _omega_factors)" if flags["omega"] else "None")
+    subs["OMEGA_CHUNKS"] = runtime_functions("minibatch_chunks", ["_omega_sequence", "_omega_factors"])
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
     subs.update(CHANNEL_K_FAST=repr(flags["channel_k_fast"]),
                 TOKEN_READ="_token_read" if flags["token_readout"] else "None")

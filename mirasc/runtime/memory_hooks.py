@@ -1,0 +1,61 @@
+"""The functions of a parametric memory that the runtime pieces call by name, with an example memory: a linear memory
+W [B, H, Dv, Dk] with the l2 bias, read as it is. Every emitted module defines its own, printed from its spec's IR and
+retention (mirasc.codegen.torch_backend); this module only lets the pieces that call them (mirasc.runtime.
+minibatch_chunks) be imported, and unit-tested against token recurrences with these examples in place."""
+
+
+WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
+# The Omega rule's window (docs/semantics.md): each step's loss sums the last WINDOW tokens' losses, token i weighted
+# by γ_i; the coefficients a window token keeps.
+WINDOW = 3
+WINDOW_COEFS = ("gamma", "eta")
+
+
+def _memory_forward(layer, x):
+    """y = M(x) with layer(i, h) applying weight i to h: the linear memory's read W x."""
+    return layer(0, x)
+
+
+def _memory_grad(W, k, v, c):
+    """Gradient factors at weights W: for each weight i, (δ_i, x_i) with ∇_{W_i} ℓ = δ_i x_iᵀ per token; the l2 bias
+    ½‖W k − v‖² has δ = W k − v, x = k."""
+    return ((k @ W[0].transpose(-1, -2) - v, k),)
+
+
+def _readout(acc):
+    """The weights a retention's accumulator reads as (a nonlinear map, so that a per-token readout is exercised)."""
+    return acc / (1 + acc.abs())
+
+
+def _lq_norm(acc):
+    """A chunk readout's normaliser of an accumulator, [B, H, 1, 1] (here its Frobenius norm, bounded below)."""
+    return acc.flatten(-2).norm(dim=-1)[..., None, None].clamp_min(1e-6)
+
+
+def _lag_step(W, S, q1, k1, v1, g1):
+    """A chunk readout's lag token: the chunk's first token alone, one full step from W_{s-1} (here a decayed gradient
+    step); returns (o_s, W_s, S_s)."""
+    delta, x = _memory_grad(W, k1, v1, g1)[0]
+    W = [g1["alpha"] * W[0] - g1["eta"] * (delta.transpose(-1, -2) @ x)]
+    return q1 @ W[0].transpose(-1, -2), W, S
+
+
+def _start(state):
+    """The recurrence's carry: weights W, retention accumulators Y, momentum S, the Omega window."""
+    W = [state[n] for n in WEIGHTS]
+    Y = [state.get("A_" + n, state[n]) for n in WEIGHTS]  # (the accumulator of a mapped readout, carried)
+    S = [state["S_" + n] for n in WEIGHTS] if "S_W" in state else None
+    win = {n[len("win_"):]: x for n, x in state.items() if n.startswith("win_")} or None
+    return {"W": W, "Y": Y, "S": S, "anchor": W, "t": 0, "win": win}
+
+
+def _finish(carry):
+    """The state a call returns: the weights, the accumulators, the momentum where there is one, the Omega window
+    where there is one."""
+    out = {n: w for n, w in zip(WEIGHTS, carry["W"])}
+    out.update({"A_" + n: y for n, y in zip(WEIGHTS, carry["Y"])})
+    if carry["S"] is not None:
+        out.update({"S_" + n: s for n, s in zip(WEIGHTS, carry["S"])})
+    if carry.get("win") is not None:
+        out.update({"win_" + n: x for n, x in carry["win"].items()})
+    return out
