@@ -268,13 +268,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form]) if form else ""
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
-    step = ("_muon_chunk" if flags["chunk_muon"] else "_lq_chunk" if flags["chunk_lq"]
-            else "_kl_chunk" if flags["chunk_kl"] else "_token_chunk" if flags["token_readout"]
-            else "_identity_chunk")  # the chunk step of the mini-batch form: muon's, else the readout's
-    subs["MINIBATCH_CHUNKS"] = runtime_functions("minibatch_chunks", ["_minibatch_chunks"] + (
-        [] if flags["chunk_muon"] else ["_coefs_of"]) + [step])
-    subs.update(MB_STEP=step, MB_WINDOW="(_omega_sequence, _omega_factors)" if flags["omega"] else "None")
-    subs["OMEGA_CHUNKS"] = runtime_functions("minibatch_chunks", ["_omega_sequence", "_omega_factors"])
+    subs.update(_minibatch_chunks(flags))
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
     subs.update(CHANNEL_K_FAST=repr(flags["channel_k_fast"]),
                 TOKEN_READ="_token_read" if flags["token_readout"] else "None")
@@ -293,6 +287,27 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     triton_line = _triton_line(spec, the_plan)
     return (docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d),
             the_plan)
+
+
+def _minibatch_chunks(flags: dict[str, bool]) -> dict[str, str]:
+    """The mini-batch form's chunked algorithm (mirasc/runtime/minibatch_chunks.py, and channel_chunks.py with
+    channel-wise decays): the chunk loop, the step it runs (muon's, a chunk readout's, the channel-wise form's, or
+    the readout's) and the Omega window's pieces."""
+    readout = "_lq_chunk" if flags["chunk_lq"] else "_kl_chunk" if flags["chunk_kl"] else None  # a chunk readout
+    channel = []
+    if flags["channel_minibatch"]:
+        step = readout or "_channel_chunk"
+        channel = (["_token_read"] if flags["token_readout"] else []) + (["_chunk_run"] if readout else [step])
+        loop = ["_minibatch_chunks"] + ([readout] if readout else [])
+    else:
+        step = ("_muon_chunk" if flags["chunk_muon"] else readout
+                or ("_token_chunk" if flags["token_readout"] else "_identity_chunk"))
+        loop = ["_minibatch_chunks"] + ([] if flags["chunk_muon"] else ["_coefs_of"]) + (
+            ["_chunk_run"] if readout else []) + [step]
+    return {"MINIBATCH_CHUNKS": runtime_functions("minibatch_chunks", loop),
+            "CHANNEL_CHUNKS": runtime_functions("channel_chunks", channel) if channel else "",
+            "MB_STEP": step, "MB_WINDOW": "(_omega_sequence, _omega_factors)" if flags["omega"] else "None",
+            "OMEGA_CHUNKS": runtime_functions("minibatch_chunks", ["_omega_sequence", "_omega_factors"])}
 
 
 def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:

@@ -9,6 +9,12 @@ WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
 # by γ_i; the coefficients a window token keeps.
 WINDOW = 3
 WINDOW_COEFS = ("gamma", "eta")
+# Channel-wise decays of the mini-batch form (docs/semantics.md: channel-wise gates): the weight side they scale ("k"
+# columns, "v" rows); the log-space path (α over key channels, no momentum, an identity read); the per-token read of a
+# nonlinear readout (mirasc.runtime.channel_chunks._token_read), None: the identity.
+CHANNEL_SIDE = "k"
+CHANNEL_K_FAST = False
+CHANNEL_READ = None
 
 
 def _memory_forward(layer, x):
@@ -43,7 +49,8 @@ def _lag_step(W, S, q1, k1, v1, g1):
 def _start(state):
     """The recurrence's carry: weights W, retention accumulators Y, momentum S, the Omega window."""
     W = [state[n] for n in WEIGHTS]
-    Y = [state.get("A_" + n, state[n]) for n in WEIGHTS]  # (the accumulator of a mapped readout, carried)
+    # the accumulators where the retention keeps them apart from W (a mapped or chunk readout), else None: W itself
+    Y = [state["A_" + n] for n in WEIGHTS] if "A_W" in state else None
     S = [state["S_" + n] for n in WEIGHTS] if "S_W" in state else None
     win = {n[len("win_"):]: x for n, x in state.items() if n.startswith("win_")} or None
     return {"W": W, "Y": Y, "S": S, "anchor": W, "t": 0, "win": win}
@@ -53,7 +60,8 @@ def _finish(carry):
     """The state a call returns: the weights, the accumulators, the momentum where there is one, the Omega window
     where there is one."""
     out = {n: w for n, w in zip(WEIGHTS, carry["W"])}
-    out.update({"A_" + n: y for n, y in zip(WEIGHTS, carry["Y"])})
+    if carry["Y"] is not None:
+        out.update({"A_" + n: y for n, y in zip(WEIGHTS, carry["Y"])})
     if carry["S"] is not None:
         out.update({"S_" + n: s for n, s in zip(WEIGHTS, carry["S"])})
     if carry.get("win") is not None:

@@ -61,25 +61,32 @@ def _identity_chunk(W, Y, S, qc, kc, vc, cc, g, omega):
     return o, W, Y, S
 
 
+def _chunk_run(anchor, Y0, S, qc, kc, vc, cc, g, scale=None):
+    """The identity-readout chunk a chunk readout runs: gradients at `anchor`, the accumulators Y0 (and momentum S)
+    stepped by the dual form, every read W_t = Y_t·scale_i (scale_i per weight, or 1). Returns (o, Y, S) at the
+    chunk's end. (The channel-wise decays' is mirasc.runtime.channel_chunks'.)"""
+    factors = _memory_grad(anchor, kc, vc, g)
+    return _dual_form(_memory_forward, Y0, S, factors, qc, *_coefs_of(cc), scale=scale)
+
+
 def _lq_chunk(W, Y, S, qc, kc, vc, cc, g, omega):
     """readout=chunk of lq retention (docs/semantics.md: chunk readouts): n_c = ‖A_{s-1}‖_q^(q-2) once; the anchor is
-    W_{s-1} = A_{s-1} / n_c and every read is W_t = A_t / n_c, linear in A: the identity-readout dual form over A with
-    each layer scaled by 1/n_c."""
+    W_{s-1} = A_{s-1} / n_c and every read is W_t = A_t / n_c, linear in A: the identity-readout chunk over A with
+    each weight's reads scaled by 1/n_c."""
     inv = [1.0 / _lq_norm(y) for y in Y]
-    factors = _memory_grad([y * s for y, s in zip(Y, inv)], kc, vc, g)
-    o, Y, S = _dual_form(_memory_forward, Y, S, factors, qc, *_coefs_of(cc), scale=inv)
+    o, Y, S = _chunk_run([y * s for y, s in zip(Y, inv)], Y, S, qc, kc, vc, cc, g, scale=inv)
     return o, [y * s for y, s in zip(Y, inv)], Y, S  # W: what the chunk's last read used, A_e / n_c
 
 
 def _kl_chunk(W, Y, S, qc, kc, vc, cc, g, omega):
     """readout=chunk of kl retention (docs/semantics.md: chunk readouts), Memora's lag token: token s alone takes the
     full step from W_{s-1} (_lag_step); tokens s+1..e decay steps in weight space with gradients at W_s, the
-    identity-readout dual form."""
+    identity-readout chunk."""
     o, W, S = _lag_step(W, S, qc[:, :, :1], kc[:, :, :1], vc[:, :, :1], {n: x[:, :, :1] for n, x in g.items()})
     if qc.shape[2] > 1:
         rest = {name: val[:, :, 1:] for name, val in cc.items()}
-        factors = _memory_grad(W, kc[:, :, 1:], vc[:, :, 1:], {name: val[:, :, 1:] for name, val in g.items()})
-        o_rest, W, S = _dual_form(_memory_forward, W, S, factors, qc[:, :, 1:], *_coefs_of(rest))
+        o_rest, W, S = _chunk_run(W, W, S, qc[:, :, 1:], kc[:, :, 1:], vc[:, :, 1:], rest,
+                                  {name: val[:, :, 1:] for name, val in g.items()})
         o = torch.cat([o, o_rest], dim=2)
     return o, W, Y, S
 

@@ -61,6 +61,8 @@ def test_chunk_steps(readout, momentum):
     read = {"identity": lambda y, s: y, "token": lambda y, s: mh._readout(y), "lq": lambda y, s: y * s}[readout]
     # gradients at W carried (the identity's and the per-token readout's), or at A_{s-1} / n_c (lq)
     anchor = {"lq": lambda y, w: (y / mh._lq_norm(y), 1 / mh._lq_norm(y))}.get(readout, lambda y, w: (w, None))
+    if readout != "identity":  # the readout's accumulator, carried apart from W
+        state["A_W"] = state["W"]
     o, final = mc._minibatch_chunks(q, k, v, c, state, C, step)
     o_ref, w_ref, s_ref = _reference(q, k, v, c, state, read, anchor)
     torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
@@ -90,6 +92,8 @@ def test_omega_window(monkeypatch, readout):
     state.update(win_k=torch.zeros(B, H, window - 1, DK, dtype=torch.float64),
                  win_v=torch.zeros(B, H, window - 1, DV, dtype=torch.float64),
                  win_gamma=torch.zeros(B, H, window - 1, 1, dtype=torch.float64))
+    if readout == "token":
+        state["A_W"] = state["W"]
     step = mc._identity_chunk if readout == "identity" else mc._token_chunk
     read = (lambda y: y) if readout == "identity" else mh._readout
     o, final = mc._minibatch_chunks(q, k, v, c, state, C, step, (mc._omega_sequence, mc._omega_factors))
@@ -137,3 +141,43 @@ def test_muon_chunk(decay):
     torch.testing.assert_close(o, torch.stack(outs, 2), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(final["W"], W, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(final["S_W"], S, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("side", ["k", "v"])
+@pytest.mark.parametrize("readout", ["identity", "token", "lq"])
+def test_channel_chunks(monkeypatch, side, readout):
+    """Channel-wise decays (mirasc/runtime/channel_chunks.py): α per channel of `side` scales W's columns (k) or rows
+    (v); the channel-wise step, its per-token read, and a chunk readout's step on the channel-wise _chunk_run (as an
+    emitted module pastes it in place of the dual form's)."""
+    from mirasc.runtime import channel_chunks as cch
+
+    monkeypatch.setattr(cch, "CHANNEL_SIDE", side)
+    monkeypatch.setattr(cch, "CHANNEL_READ", cch._token_read if readout == "token" else None)
+    monkeypatch.setattr(mc, "_chunk_run", cch._chunk_run)
+    q, k, v, c, state = _inputs(5, True)
+    if readout != "identity":
+        state["A_W"] = state["W"]
+    width = DK if side == "k" else DV
+    g = torch.Generator().manual_seed(6)
+    c["alpha"] = torch.sigmoid(torch.randn(B, H, T, width, generator=g, dtype=torch.float64) + 2)
+    step = mc._lq_chunk if readout == "lq" else cch._channel_chunk
+    o, final = mc._minibatch_chunks(q, k, v, c, state, C, step)
+
+    def on_side(w, a):
+        return w * (a[..., None, :] if side == "k" else a[..., :, None])
+
+    read = {"identity": lambda y, s: y, "token": lambda y, s: mh._readout(y), "lq": lambda y, s: y * s}[readout]
+    Y, S, W = state["W"], state["S_W"], state["W"]
+    outs = []
+    for c0 in range(0, T, C):
+        scale = 1 / mh._lq_norm(Y) if readout == "lq" else None
+        anchor = Y * scale if readout == "lq" else W
+        for t in range(c0, min(c0 + C, T)):
+            grad = _grad(anchor, k[:, :, t], v[:, :, t])
+            S = c["theta"][:, :, t, None, None] * S - c["eta"][:, :, t, None, None] * grad
+            Y = on_side(Y, c["alpha"][:, :, t]) + S
+            outs.append((read(Y, scale) @ q[:, :, t, :, None])[..., 0])
+        W = read(Y, scale)
+    torch.testing.assert_close(o, torch.stack(outs, 2), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final["W"], W, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(final["S_W"], S, rtol=1e-10, atol=1e-10)
