@@ -440,8 +440,7 @@ def _triton_sections(spec: S.Spec, the_plan: Plan, coef_order: list[str]) -> tup
         section += triton_backend.emit_chunked(k.spec, the_plan.chunk_family, lq_scale=the_plan.lq_on_chunks,
                                                features=the_plan.features)
     if the_plan.minibatch:
-        section += triton_minibatch.emit_minibatch(k.spec, k.d, k.forward, tri_grad, tri_coefs,
-                                                   features=the_plan.features)
+        section += triton_minibatch.emit_minibatch(k.spec, k.d, k.forward, tri_grad, tri_coefs)
     return section, the_plan
 
 

@@ -25,7 +25,6 @@ Nothing here is printed from the IR: the kernels and their host side are fixed, 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from ..language import spec as S
@@ -57,7 +56,6 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "one_op": one_chunk_op(spec, family),  # (the helpers those paths share)
              "features": features,  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
-    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
     kernel_names = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
                     "_chunk_grads_bwd") + (("_wy_fwd", "_wy_bwd") if family == "delta" else ())
     choices = {"CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "ETA_K": flags["ch_eta"],
@@ -67,8 +65,7 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
     text = preprocess(CHUNK_TEMPLATE, flags)
     for name, value in choices.items():
         text = text.replace("{{" + name + "}}", repr(value))
-    return (text.replace("{{OP_ID}}", op_id)
-            .replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
+    return (text.replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
             .replace("{{CHUNK_HOST}}", chunk_host_source(family, flags))
             .replace("{{CHUNK_FAMILY}}", chunk_family_source(family, flags))
             .replace("{{CHUNK_PATH}}", chunk_path_source(family))

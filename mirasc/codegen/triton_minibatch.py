@@ -44,7 +44,6 @@ and padded rows change nothing (their outputs are dropped).
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from .. import ir
@@ -52,8 +51,7 @@ from ..derive import Derivation
 from ..language import spec as S
 from ..plan import minibatch_reason
 from . import triton_minibatch_stream as stream
-from .directives import preprocess
-from .standalone import kernels_source
+from .standalone import kernels_source, runtime_source
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
@@ -81,10 +79,9 @@ CONSTS = ("T, Nk, Nv, Ne, NCH, NC: tl.constexpr, BC: tl.constexpr, BK: tl.conste
           "BE: tl.constexpr, PREC: tl.constexpr")
 
 
-def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str],
-                   features: bool = False) -> str:
-    """Source of the mini-batch Triton section (both kernels and their torch glue); features: `spec` is a
-    feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)."""
+def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
+    """Source of the mini-batch Triton section: the kernels printed for `spec` (for a feature=poly linear memory, its
+    plain copy, run on φ_p(q), φ_p(k)) and their host side, mirasc/runtime/minibatch_host.py."""
     reason = minibatch_reason(spec)
     if reason:
         raise Unsupported(reason)
@@ -95,10 +92,9 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order, dual.vecs)
     bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order, dual.vecs)
     kernels += "\n" + fwd_src + "\n" + bwd_src
-    flags = {"momentum": dual.mom, "has_alpha": spec.retention.kind == "decay", "features": features}
-    op_id = hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
-    return (preprocess(TEMPLATE, flags).replace("{{MB_DOTS}}\n", kernels_source("minibatch") + "\n")
-            .replace("{{KERNELS}}", kernels).replace("{{OP_ID}}", op_id)
+    return (TEMPLATE.replace("{{MB_DOTS}}\n", kernels_source("minibatch") + "\n")
+            .replace("{{KERNELS}}", kernels).replace("{{MB_DECAY}}", repr(spec.retention.kind == "decay"))
+            .replace("{{MINIBATCH_HOST}}", runtime_source("minibatch_host"))
             .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
 
 
