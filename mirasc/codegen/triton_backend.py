@@ -7,9 +7,12 @@ print it (one per kernel family; see docs/kernels.md, "How to add a kernel famil
                            gradient factors, readouts, the resource model's live-tile count)
   triton_recurrent_fwd.py  `_fused_recurrent_fwd`
   triton_recurrent_bwd.py  `_fused_recurrent_bwd`, the generated reverse sweep
-  templates/triton_recurrent.py.tmpl  their host side: launch, resource model, autotuning, custom ops
-  triton_chunked.py        the chunked families (Hebbian, delta rule, mini-batch l2; fixed kernel text)
-  triton_minibatch.py      the mini-batch (dual-form) kernels of MLP and linear memories, one register tile
+  templates/triton_recurrent.py.tmpl  the spec's choices their host side reads (mirasc/runtime/recurrent_host.py:
+                           launches, the op; recurrent_space.py: resource model, autotuning)
+  triton_chunked.py        the chunked families (Hebbian, delta rule, mini-batch l2; fixed kernels and host side
+                           under mirasc/runtime/)
+  triton_minibatch.py      the mini-batch (dual-form) kernels of MLP and linear memories, one register tile (host
+                           side: mirasc/runtime/minibatch_host.py)
   triton_stream_printer.py / triton_minibatch_stream.py  the same dual form streamed over weight tiles
 
 Fused recurrent kernels, for every parametric spec, printed from the same IR graphs
@@ -116,6 +119,7 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "RECURRENT_SPACE": runtime_source("recurrent_space"),
         "CUSTOM_OPS": runtime_source("custom_ops"),  # (this section comes first: the later ones use it too)
+        "RECURRENT_HOST": runtime_source("recurrent_host"),
     }
     return fill(preprocess(SECTION, {"features": features}), subs)
 
