@@ -269,6 +269,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs.update(_minibatch_chunks(flags))
+    readout_fn = "_lq_on_kernels" if flags["chunk_lq"] else "_kl_on_kernels"  # (a chunk readout on the kernels)
+    subs.update(CHUNK_READOUT_FN=readout_fn, CHUNK_READOUT_KERNELS=runtime_functions("chunk_readouts", [readout_fn]))
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
     subs.update(CHANNEL_K_FAST=repr(flags["channel_k_fast"]),
                 TOKEN_READ="_token_read" if flags["token_readout"] else "None")

@@ -15,6 +15,7 @@ WINDOW_COEFS = ("gamma", "eta")
 CHANNEL_SIDE = "k"
 CHANNEL_K_FAST = False
 CHANNEL_READ = None
+_MOMENTUM = False  # learner=momentum: a momentum S per weight (the Triton sections' flag)
 
 
 def _memory_forward(layer, x):

@@ -181,3 +181,29 @@ def test_channel_chunks(monkeypatch, side, readout):
     torch.testing.assert_close(o, torch.stack(outs, 2), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(final["W"], W, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(final["S_W"], S, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("readout, momentum", [("lq", False), ("lq", True), ("kl", False)])  # (the example lag
+def test_chunk_readouts_on_kernels(monkeypatch, readout, momentum):  # step carries no momentum)
+    """The chunk readouts on a kernel path (mirasc/runtime/chunk_readouts.py), one launch per chunk in weight space
+    (lq: anchored at A/n_c with updates scaled by the coefficient lqs0 = 1/n_c; kl: the lag token, then the rest at
+    W_s), with the identity-readout torch chunks standing in for the kernels: equal to the torch path's chunk step."""
+    from mirasc.runtime import chunk_readouts as cr
+
+    monkeypatch.setattr(cr, "_MOMENTUM", momentum)
+    q, k, v, c, state = _inputs(7, momentum)
+    if readout == "lq":
+        state["A_W"] = state["W"] * 2.0
+
+    def kernels(q, k, v, c, state, chunk, prec=None):  # the kernels' function: W-space chunks, updates η·lqs0
+        c = dict(c)
+        if "lqs0" in c:
+            c["eta"] = c["eta"] * c.pop("lqs0")
+        return mc._minibatch_chunks(q, k, v, c, state, chunk, mc._identity_chunk)
+
+    on_kernels = cr._lq_on_kernels if readout == "lq" else cr._kl_on_kernels
+    o, final = on_kernels(q, k, v, c, state, C, "ieee", kernels)
+    o_ref, final_ref = mc._minibatch_chunks(q, k, v, c, state, C, mc._lq_chunk if readout == "lq" else mc._kl_chunk)
+    torch.testing.assert_close(o, o_ref, rtol=1e-10, atol=1e-10)
+    for key in final_ref:
+        torch.testing.assert_close(final[key], final_ref[key], rtol=1e-10, atol=1e-10)
