@@ -269,6 +269,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs.update(_minibatch_chunks(flags))
+    subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
+        ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
+                                                          "init_state", "apply"])
     readout_fn = "_lq_on_kernels" if flags["chunk_lq"] else "_kl_on_kernels"  # (a chunk readout on the kernels)
     subs.update(CHUNK_READOUT_FN=readout_fn, CHUNK_READOUT_KERNELS=runtime_functions("chunk_readouts", [readout_fn]))
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])

@@ -1,8 +1,10 @@
 """The functions of a parametric memory that the runtime pieces call by name, with an example memory: a linear memory
 W [B, H, Dv, Dk] with the l2 bias, read as it is. Every emitted module defines its own, printed from its spec's IR and
 retention (mirasc.codegen.torch_backend); this module only lets the pieces that call them (mirasc.runtime.
-minibatch_chunks) be imported, and unit-tested against token recurrences with these examples in place."""
+minibatch_chunks, composite, chunk_readouts) be imported, and unit-tested against token recurrences with these examples
+in place."""
 
+import torch
 
 WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
 # The Omega rule's window (docs/semantics.md): each step's loss sums the last WINDOW tokens' losses, token i weighted
@@ -68,3 +70,27 @@ def _finish(carry):
     if carry.get("win") is not None:
         out.update({"win_" + n: x for n, x in carry["win"].items()})
     return out
+
+
+def _state_shapes(d_k, d_v):
+    """Every state key with the [rows, cols] of its tensor (after the [B, H] axes): here W [d_v, d_k]."""
+    return {"W": (d_v, d_k)}
+
+
+def _init_memory_state(batch, heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None):
+    """The memory's initial state: here W = 0."""
+    return {"W": torch.zeros(batch, heads, d_v, d_k, dtype=dtype, device=device)}
+
+
+def _apply_memory(q, k, v, gates=None, *, state=None, backend="auto", algorithm="auto", chunk_size=None,
+                  cu_seqlens=None):
+    """The memory over a sequence, [B, T, H, D] in and out: here the l2 bias's delta rule with η = gates["eta"],
+    W_t = W_{t-1} − η_t (W_{t-1} k_t − v_t) k_tᵀ, o_t = W_t q_t."""
+    B, T, H, Dk = q.shape
+    W = state["W"] if state is not None else _init_memory_state(B, H, Dk, v.shape[-1], dtype=q.dtype)["W"]
+    outs = []
+    for t in range(T):
+        k_t, v_t = k[:, t, :, :, None], v[:, t, :, :, None]
+        W = W - gates["eta"][:, t, :, None, None] * ((W @ k_t - v_t) @ k_t.transpose(-1, -2))
+        outs.append((W @ q[:, t, :, :, None])[..., 0])
+    return torch.stack(outs, 1), {"W": W}
