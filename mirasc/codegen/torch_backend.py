@@ -269,6 +269,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs.update(_minibatch_chunks(flags))
+    subs["MULTISTEP"] = runtime_source("multistep")
     subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
         ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
                                                           "init_state", "apply"])

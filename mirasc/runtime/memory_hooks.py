@@ -94,3 +94,10 @@ def _apply_memory(q, k, v, gates=None, *, state=None, backend="auto", algorithm=
         W = W - gates["eta"][:, t, :, None, None] * ((W @ k_t - v_t) @ k_t.transpose(-1, -2))
         outs.append((W @ q[:, t, :, :, None])[..., 0])
     return torch.stack(outs, 1), {"W": W}
+
+
+def _apply_substeps(q, k, v, gates=None, *, state=None, params=None, backend="auto", algorithm="auto",
+                    chunk_size=None, cu_seqlens=None, extras=None):
+    """A multi-step memory over its sub-steps (the emitted module's apply on them): here _apply_memory's."""
+    return _apply_memory(q, k, v, gates, state=state, backend=backend, algorithm=algorithm, chunk_size=chunk_size,
+                         cu_seqlens=cu_seqlens)

@@ -10,3 +10,5 @@ POLY_DEGREE = 2  # p of the memory's polynomial feature map φ_p
 # The preconditioned learner's multiplier: its transform ("rms" or "atk") and constants (docs/semantics.md,
 # "Preconditioned learner").
 PRECOND = {"transform": "rms", "eps": 1e-6}
+GATES = ("eta", "alpha")  # the spec's gates: apply(..., gates={name: tensor})
+STEPS = 2  # inner gradient steps per token of a multi-step learner
