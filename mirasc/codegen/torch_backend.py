@@ -257,6 +257,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     flags.update(_triton_flags(the_plan))
     subs["REST_KERNELS"] = "_chunked_triton" if the_plan.chunk_family is not None else "_minibatch_triton"
     subs["HALF_DOTS"] = the_plan.dots
+    subs.update(_routes(flags))
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs.update(_memory_ops(spec, flags))
     subs["SEGMENTS"] = runtime_source("segments")
@@ -293,6 +294,17 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     triton_line = _triton_line(spec, the_plan)
     return (docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d),
             the_plan)
+
+
+def _routes(flags: dict[str, bool]) -> dict[str, str]:
+    """Which backend runs a call (mirasc/runtime/routes.py): the route and launch_plan's kernels of the module's Triton
+    family (the chunked families, the mini-batch kernels, the fused recurrent kernel alone), or torch's."""
+    family = ("chunk" if flags["triton_chunked"] else "minibatch" if flags["triton_minibatch"]
+              else "recurrent" if flags["triton"] else None)
+    if family is None:
+        return {"ROUTE": "_torch_route", "KERNEL_PLAN": "None", "ROUTES": runtime_functions("routes", ["_torch_route"])}
+    names = ["_dot_precision", f"_{family}_route", f"_{family}_kernel_plan"]
+    return {"ROUTE": names[1], "KERNEL_PLAN": names[2], "ROUTES": runtime_functions("routes", names)}
 
 
 def _minibatch_chunks(flags: dict[str, bool]) -> dict[str, str]:

@@ -25,6 +25,8 @@ _TILES_FWD, _TILES_BWD = 3, 7  # the [rows, cols] fp32 tiles each kernel keeps l
 _WINDOW = 1  # the Omega rule's c (1: none)
 _WINDOW_COEFS = ()  # the coefficients a window token keeps
 _FEATURES = False  # feature=poly on a linear memory: the kernels run on φ_p(q), φ_p(k)
+HALF_DOTS = "input"  # schedule: how fp16/bf16 inputs' Triton dots multiply (mirasc.runtime.routes._dot_precision)
+NO_TRITON_REASON = "an example"  # why a spec has no Triton kernel (where it has none)
 
 
 def _weight_shapes(Dk, Dv):
