@@ -96,7 +96,8 @@ def _decayed(x, a):
 
 
 def _hebbian_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
-    """The Hebbian write (dot bias): Wk = 0, U = η V."""
+    """The Hebbian write (dot bias): Wk = 0, U = η V (where a chunk is one tile, U is formed in the scan from v as
+    given: one op, _HEBBIAN_OP)."""
     return qc, wc, None, eta.unsqueeze(-1) * vc, g
 
 
@@ -109,7 +110,11 @@ def _minibatch_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
 def _delta_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
     """The delta rule (l2 bias, exact): u_t = β_t (a_t W_0 k_t - Σ_{s<t} m_ts (k_t·w_s) u_s - v_t), so
     (I + L) [Wk | U] = [β a K | β V] with L_ts = β_t Σ_j k_tj w_sj e^{x_tj - g_sj} (s < t), one unit-triangular
-    solve; x = g for order=pre, g one row back for post (`_read_exponents`), w the written key."""
+    solve; x = g for order=pre, g one row back for post (`_read_exponents`), w the written key (η ⊙ k under
+    lr=gate(k)), a_t = e^{x_t} (a vector over key channels with a key-channel decay). Where a chunk is one tile, a
+    decay per head runs this preparation as kernels inside its one op (_DELTA_OP), a key-channel decay on the scores
+    kernels' P (_scores_preparation: _WY_OP, or with order=pre and the written key the read key, the one op
+    _CHANNEL_DELTA_OP, which runs the scores too)."""
     beta = eta / (1 + eta * (kc * kc).sum(-1)) if IMPLICIT else eta  # proximal step: β = η / (1 + η‖k‖²)
     x = _read_exponents(g)
     scores = _pair_scores(kc, wc, x, g, prec)
@@ -122,10 +127,20 @@ def _delta_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
 
 
 def _gdelta_preparation(qc, kc, vc, wc, c, eta, g, chunks, prec):
-    """The generalized delta transition (l2 with read=kappa / erase=kappa, docs/semantics.md): with the erase
-    direction b and the write key w, (I + A^b) [Wk | U'] = [κ ∘ e^{x} | A^w V], u = Wk W_0ᵀ + U'. read=kappa has one
-    direction (b = w = η ⊙ k, A^w V folded into U = V); erase=kappa (b = η ⊙ κ, w = k) presents each token as an erase
-    row and a write row with the same log-decay, q on the write row."""
+    """The generalized delta transition (l2 with read=kappa / erase=kappa, docs/semantics.md): per token
+    W_t = W_{t-1} D_t - u_t b_tᵀ + v_t w_tᵀ with u_t = W_{t-1} P_t κ_t the read at the regression key (P_t = D_t for
+    order=pre, else I), b the erase direction and w the write key: b = w = η ⊙ k for read=kappa, b = η ⊙ κ and w = k
+    for erase=kappa. Unrolled from W_0 (x = g for pre, g one row back for post; A^b_ts = Σ_j κ_tj b_sj e^{x_tj - g_sj},
+    A^w likewise, s < t):
+        u_t = (W_0 (κ_t ∘ e^{x_t})) + Σ_{s<t} A^w_ts v_s - Σ_{s<t} A^b_ts u_s,
+    so (I + A^b) [Wk | U'] = [κ ∘ e^{x} | A^w V], u = Wk W_0ᵀ + U': the WY/UT form of the chunk's product of
+    transitions, one unit-triangular solve per chunk. read=kappa has one direction, b = w: with ũ = u - v,
+    (I + A^b) ũ = (κ ∘ e^{x}) W_0ᵀ - V, which is (1) with K = η ⊙ k and [Wk | U] the solution of
+    (I + A^b) [Wk | U] = [κ ∘ e^{x} | V]. erase=kappa has two directions per token, so each token is presented to the
+    kernels as two rows with the same g_t: row 2t erases (K = η ⊙ κ, Wk = Wk_t, U = -U'_t: the kernels' u is the read
+    u_t) and row 2t+1 writes (K = k, Wk = 0, U = v_t: the kernels' -u kᵀ is +v kᵀ); q sits on the write row (zero on
+    the erase row), whose output is o_t. Autograd carries the kernels' dWk, dU, dK, dg through the solve, the scores
+    and the gates (dκ too)."""
     kap = chunks(c["kappa"].to(kc.dtype))  # (fp32 in the path)
     x = _read_exponents(g)  # the erase reads the decayed state W_{t-1} D_t (order=pre), else W_{t-1}
     a_k = _decayed(x, kap)
