@@ -110,6 +110,7 @@ SCAN_OP = ("_chunk_fwd", "_scores_fake", "_chunk_bwd", "_register_chunk_op", "_C
 CHANNEL_HOST = ("_log_decay_launch", "_register_log_decay_op", "_LOG_DECAY_OP", "_log_decays", "_scores_bk",
                 "_scores_fwd", "_output_scores")
 CHANNEL_SCORES = ("_scores_bwd", "_register_scores_op", "_SCORES_OP", "_channel_scores")  # the scores' backward
+ONE_OP_HELPERS = ("_one_op_context", "_qkv_grads_fake")
 HEBBIAN_OP = ("_register_hebbian_op", "_HEBBIAN_OP", "_hebbian_on_kernels")
 DELTA_OP = ("_dims", "_wy_fwd_launch", "_wy_bwd_launch", "_register_delta_op", "_DELTA_OP", "_delta_on_kernels")
 WY_OP = ("_register_wy_op", "_f32", "_WY_OP", "_scores_preparation")
@@ -158,7 +159,8 @@ def chunk_family_source(family: str, flags: dict[str, bool]) -> str:
         return runtime_functions("momentum_host", ["_mom_configs", "_mom_kernel", "_CHUNK_AUTOTUNE", "_CHUNK_LAUNCHED",
                                                    "_mom_fwd", "_mom_bwd", "_register_mom_op", "_MOM_OP", "_CHUNK_OP",
                                                    "_chunked_triton"])
-    names = (HEBBIAN_OP if flags["chunk_hebbian"] and flags["one_op"] else ()) + (
+    ops = (HEBBIAN_OP if flags["chunk_hebbian"] and flags["one_op"] else ()) + (
         DELTA_OP if flags["wy_kernels"] else ()) + (WY_OP if flags["wy_scores"] else ()) + (
         CHANNEL_DELTA_OP if flags["wy_fused"] else ())
+    names = (ONE_OP_HELPERS if set(ops) - set(WY_OP) else ()) + ops  # (the helpers the one-op paths share)
     return runtime_functions("chunk_ops", list(names)) if names else ""

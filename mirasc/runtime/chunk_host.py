@@ -15,6 +15,7 @@ from .custom_ops import _register_op
 from .gpu_limits import _device_smem_limit
 from .kernels.chunk import _chunk_output_fwd, _chunk_state_bwd, _chunk_state_fwd
 from .kernels.chunk_head import _chunk_du_local_bwd, _chunk_grads_bwd
+from .recurrent_spec import _WINDOW, _kernel_key_width  # (the recurrent section's, which every Triton section follows)
 
 # ---- the emitted module's choices (examples)
 CH_DECAY = False  # the decay is a vector over key channels (g [B, H, T, Dk]), else one log-decay per head (g [B, H, T])
@@ -26,15 +27,9 @@ LQ_SCALE = False  # readout=chunk of lq retention: the chunk's updates in weight
 COMPOSITE = False  # a feature map or normaliser around the memory (o returned in fp32 for 16-bit inputs)
 OP_ID = "0123456789ab"  # the ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
 _ROWS_PER_TOKEN = 1  # kernel rows per token: 2 for erase=kappa (an erase row and a write row)
-_WINDOW = 1  # tokens whose rows one step reads (an Omega window's c)
 _CHUNK_KERNELS = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
                   "_chunk_grads_bwd")
 _CHUNK_LAUNCHED = _CHUNK_KERNELS  # the kernels the chunked path launches (forward and backward)
-
-
-def _kernel_key_width(Dk):
-    """The kernels' key width for heads the memory reads at width Dk (a feature map's width where one widens them)."""
-    return Dk
 
 
 def _key_width():

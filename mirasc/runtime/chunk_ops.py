@@ -34,6 +34,23 @@ from .custom_ops import _register_op
 from .kernels.chunk_head import _wy_bwd, _wy_fwd
 
 
+def _one_op_context(ctx, inputs, output, n_saved):
+    """A one-op path's autograd context: its first n_saved inputs and the intermediates it returns after o and the
+    final state, and the chunk, precision and layout (its last three inputs)."""
+    ctx.save_for_backward(*inputs[:n_saved], *output[2:])
+    ctx.chunk, ctx.prec, ctx.tf = inputs[-3:]
+    ctx.set_materialize_grads(False)  # the saved intermediates are not read: no zero cotangents for them
+
+
+def _qkv_grads_fake(q, k, v, gate, g, dw_final):
+    """The gradients' fake of a one-op path on (q, k, v, a per-token gate, g, W_0): q, k, v's in their layout and
+    16-bit dtype, the rest fp32."""
+    f32 = dict(dtype=torch.float32)
+    return [torch.empty_like(q, dtype=_out_dtype(q)), torch.empty_like(k, dtype=_out_dtype(k)),
+            torch.empty_like(v, dtype=_out_dtype(v)), torch.empty_like(gate, **f32), torch.empty_like(g, **f32),
+            dw_final.new_empty(dw_final.shape, **f32)]
+
+
 def _register_hebbian_op():
     """The Hebbian write's chunked path as one op: q, k, v read in their dtype and in place ([B, T, H, D] as
     layers hand them over, tf, or [B, H, T, D]), U = η v formed in the scan; the backward writes dq, dk, dv in
@@ -57,16 +74,10 @@ def _register_hebbian_op():
         return list(_chunk_bwd(q, k, None, uu, g, ckpt, a, do, dw_final, chunk, prec, tf=tf, v=v, eta=eta))
 
     def backward_fake(q, k, v, eta, g, ckpt, uu, a, do, dw_final, chunk, prec, tf):
-        f32 = dict(dtype=torch.float32)
-        return [torch.empty_like(q, dtype=_out_dtype(q)), torch.empty_like(k, dtype=_out_dtype(k)),
-                torch.empty_like(v, dtype=_out_dtype(v)), torch.empty_like(eta, **f32), torch.empty_like(g, **f32),
-                dw_final.new_empty(dw_final.shape, **f32)]
+        return _qkv_grads_fake(q, k, v, eta, g, dw_final)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, eta, g, w0, chunk, prec, tf = inputs
-        ctx.save_for_backward(q, k, v, eta, g, *output[2:])
-        ctx.chunk, ctx.prec, ctx.tf = chunk, prec, tf
-        ctx.set_materialize_grads(False)  # the saved intermediates are not read: no zero cotangents for them
+        _one_op_context(ctx, inputs, output, 5)  # q, k, v, η, g
 
     def backward(ctx, backward_op, grads_out):
         q, k, v, eta, g, ckpt, uu, a = ctx.saved_tensors
@@ -172,10 +183,7 @@ def _register_delta_op():
                 dw_final.new_empty(dw_final.shape, **f32)]
 
     def setup_context(ctx, inputs, output):
-        q, k, w, v, beta, x, g, w0, chunk, prec, tf = inputs
-        ctx.save_for_backward(q, k, w, v, beta, x, g, *output[2:])
-        ctx.chunk, ctx.prec, ctx.tf = chunk, prec, tf
-        ctx.set_materialize_grads(False)  # the saved intermediates are not read: no zero cotangents for them
+        _one_op_context(ctx, inputs, output, 7)  # q, k, w, v, β, x, g
 
     def backward(ctx, backward_op, grads_out):
         q, k, w, v, beta, x, g, ckpt, uu, wk, u = ctx.saved_tensors
@@ -337,16 +345,10 @@ def _register_channel_delta_op():
         return [dq, dk, dv, dbeta, dg, dw0]
 
     def backward_fake(q, k, v, beta, g, ckpt, uu, wk, u, p, a, do, dw_final, chunk, prec, tf):
-        f32 = dict(dtype=torch.float32)
-        return [torch.empty_like(q, dtype=_out_dtype(q)), torch.empty_like(k, dtype=_out_dtype(k)),
-                torch.empty_like(v, dtype=_out_dtype(v)), torch.empty_like(beta, **f32), torch.empty_like(g, **f32),
-                dw_final.new_empty(dw_final.shape, **f32)]
+        return _qkv_grads_fake(q, k, v, beta, g, dw_final)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, beta, g, w0, chunk, prec, tf = inputs
-        ctx.save_for_backward(q, k, v, beta, g, *output[2:])
-        ctx.chunk, ctx.prec, ctx.tf = chunk, prec, tf
-        ctx.set_materialize_grads(False)  # the saved intermediates are not read: no zero cotangents for them
+        _one_op_context(ctx, inputs, output, 5)  # q, k, v, β, g
 
     def backward(ctx, backward_op, grads_out):
         q, k, v, beta, g, ckpt, uu, wk, u, p, a = ctx.saved_tensors
