@@ -28,11 +28,11 @@ def body(module: types.ModuleType) -> str:
 @functools.cache
 def _spans(path: Path) -> tuple[list[str], dict[str, tuple[int, int]]]:
     """The lines of a runtime module (read, not imported: emitting needs neither triton nor torch) and the span of
-    each top-level function and constant in them (decorators and the comment lines right above included)."""
+    each top-level function, class and constant in them (decorators and the comment lines right above included)."""
     text = path.read_text(encoding="utf-8")
     lines, spans = text.splitlines(True), {}
     for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             defined = node.name
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             defined = node.targets[0].id
@@ -80,6 +80,11 @@ def _body(text: str) -> str:
     return ""
 
 
+def runtime_names(name: str) -> set[str]:
+    """The top-level functions, classes and constants mirasc/runtime/`name`.py defines."""
+    return set(_spans(RUNTIME / f"{name}.py")[1])
+
+
 @functools.cache
 def runtime_source(name: str) -> str:
     """The body of mirasc/runtime/`name`.py as an emitted module carries it, without its trailing newline (it fills a
@@ -102,5 +107,20 @@ def model_source() -> str:
 
 
 def hf_wrapper_source() -> str:
-    """The Hugging Face wrapper (config, PreTrainedModel, generation) that `mirasc export --hf` appends."""
-    return (TEMPLATES / "hf_model.py.tmpl").read_text(encoding="utf-8")
+    """The Hugging Face wrapper (config, PreTrainedModel, generation; mirasc.runtime.hf_model) that `mirasc export
+    --hf` appends; the file it goes into defines build_language_model."""
+    rule = "# " + "-" * 94
+    imports = ("from dataclasses import dataclass as _dataclass", "from typing import Any", "",
+               "from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel",
+               "from transformers.utils import ModelOutput")
+    return (f"\n\n{rule}\n# Hugging Face wrapper (mirasc.runtime.hf_model): MirascConfig (config.json) and "
+            f"MirascForCausalLM\n# (AutoModelForCausalLM), decoding with the Layer's state cache.\n{rule}\n"
+            + "".join(f"{line}  # noqa: E402\n" if line else "\n" for line in imports) + "\n\n"
+            + runtime_functions("hf_model", list(hf_classes())) + "\n")
+
+
+def hf_classes() -> tuple[str, ...]:
+    """The classes of mirasc.runtime.hf_model, in file order: what an exported file carries (read, not imported:
+    exporting does not need transformers)."""
+    tree = ast.parse((RUNTIME / "hf_model.py").read_text(encoding="utf-8"))
+    return tuple(node.name for node in tree.body if isinstance(node, ast.ClassDef))

@@ -4,7 +4,7 @@
 `AutoModelForCausalLM.from_pretrained(out_dir, trust_remote_code=True)` where only torch and transformers
 are installed: config.json (the spec text, the LM sizes, auto_map), modeling_mirasc.py (the emitted
 memory module, mirasc.lab.models' standalone LanguageModel, and the wrapper in
-codegen/templates/hf_model.py.tmpl), model.safetensors, and the tokenizer (tokenizer.json and
+mirasc.runtime.hf_model), model.safetensors, and the tokenizer (tokenizer.json and
 tokenizer_config.json: the one `mirasc train --tokenizer` used, else the byte tokenizer; the tokenizer's
 beginning-, end-of-sequence and padding token ids go into config.json and generation_config.json, so that
 `generate` stops at the end of a document and fills finished rows with the padding token). A hybrid stack
@@ -44,18 +44,6 @@ _HYBRID_BUILD = '''
 _HYBRID_IMPORT = ("from .hybrid_mirasc import LAYER_DEFAULTS as HYBRID_DEFAULTS  # noqa: E402\n"
                   "from .hybrid_mirasc import Layer as HybridLayer  # noqa: E402\n")
 
-# In-process: the same wrapper over mirasc.lab.models.build (the spec compiled by mirasc).
-_IN_PROCESS_PRELUDE = '''
-import torch
-import torch.nn.functional as F
-
-from mirasc.lab.models import LMConfig, build
-
-
-def build_language_model(config):
-    return build(config.spec, config.lm_config())
-'''
-
 _classes = None
 
 
@@ -63,11 +51,16 @@ def classes():
     """(MirascConfig, MirascForCausalLM) built in-process through mirasc (imports transformers)."""
     global _classes
     if _classes is None:
-        from ..codegen.standalone import hf_wrapper_source
-        from ..compiler import load_source
+        from ..runtime import hf_model
+        from .models import build
 
-        module = load_source(_IN_PROCESS_PRELUDE + hf_wrapper_source(), "hf")
-        _classes = module.MirascConfig, module.MirascForCausalLM
+        class MirascForCausalLM(hf_model.MirascForCausalLM):
+            """The wrapper over the LanguageModel mirasc compiles, in this process, from the config's spec."""
+
+            def language_model(self, config):
+                return build(config.spec, config.lm_config())
+
+        _classes = hf_model.MirascConfig, MirascForCausalLM
     return _classes
 
 

@@ -1,16 +1,28 @@
+"""The Hugging Face wrapper of a language model (a runtime piece: `mirasc export --hf` appends every class
+below to the exported modeling file, after the emitted module and mirasc.runtime.lm; mirasc.lab.hf builds the same
+classes in-process): MirascConfig (config.json) and MirascForCausalLM (AutoModelForCausalLM).
+
+`generate()` decodes with the Layer's O(1) state cache (MirascCache), one token per forward after the prompt, which is
+fed token by token through the same cache (as LanguageModel.generate does). Padding (attention_mask 0) is skipped by
+every block's cache (Layer.step's mask). `build_language_model(config)` is the carrying file's own (the exported file's
+builds its Layer in every block); mirasc.lab.hf's subclass builds through mirasc.lab.models instead.
+"""
+
+from dataclasses import dataclass as _dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.utils import ModelOutput
+
+from .lm import LMConfig
 
 
-# ----------------------------------------------------------------------------------------------
-# Hugging Face wrapper: MirascConfig (config.json) and MirascForCausalLM (AutoModelForCausalLM).
-# `generate()` decodes with the Layer's O(1) state cache (MirascCache), one token per forward after
-# the prompt, which is fed token by token through the same cache (as LanguageModel.generate does).
-# Padding (attention_mask 0) is skipped by every block's cache (Layer.step's mask).
-# ----------------------------------------------------------------------------------------------
-from dataclasses import dataclass as _dataclass  # noqa: E402
-from typing import Any, Optional  # noqa: E402
-
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel  # noqa: E402
-from transformers.utils import ModelOutput  # noqa: E402
+def build_language_model(config):
+    """The LanguageModel of `config` (a MirascConfig): a stand-in here; every file that carries these classes
+    defines its own."""
+    raise NotImplementedError("build_language_model is defined by the file that carries the wrapper")
 
 
 class MirascConfig(PretrainedConfig):
@@ -52,10 +64,10 @@ class MirascCausalLMOutput(ModelOutput):
     """Logits (and loss); the cache under both names transformers has used for it (`past_key_values`
     before 5.x, `cache` from 5.x on)."""
 
-    loss: Optional[Any] = None
-    logits: Optional[Any] = None
-    past_key_values: Optional[Any] = None
-    cache: Optional[Any] = None
+    loss: Any | None = None
+    logits: Any | None = None
+    past_key_values: Any | None = None
+    cache: Any | None = None
 
 
 class MirascForCausalLM(PreTrainedModel, GenerationMixin):
@@ -71,8 +83,12 @@ class MirascForCausalLM(PreTrainedModel, GenerationMixin):
         # its initial state with real tensor arithmetic, so it is built on the CPU (or the given device)
         device = torch.empty(0).device
         with torch.device("cpu" if device.type == "meta" else device):
-            self.model = build_language_model(config)
+            self.model = self.language_model(config)
         self.post_init()
+
+    def language_model(self, config):
+        """The LanguageModel of `config`: the carrying file's build_language_model."""
+        return build_language_model(config)
 
     def _init_weights(self, module):
         pass  # LanguageModel initialises its own parameters; loading overwrites them all
