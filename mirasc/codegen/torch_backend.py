@@ -19,7 +19,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import torch_learner, torch_retention, triton_backend, triton_minibatch
 from .directives import fill_lines, preprocess
-from .standalone import runtime_functions, runtime_source
+from .standalone import runtime_functions, runtime_names, runtime_source
 
 TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
 LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
@@ -35,21 +35,39 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
     unread += ("A",) if spec.precond else ()  # the preconditioner's statistic: a sum of squares from 0
-    layer = preprocess(LAYER, {"multistep": spec.steps > 1,  # STEPS pairs (and η) per token: gd(steps=n)
-                               "composite": spec.composite, "normalize": spec.normalized,
-                               "precond": spec.precond,  # the statistic a is carried beside the memory
-                               "extras": bool(spec.extras),  # key inputs besides q, k (κ)
-                               # an attention cache holds every past key: a padding token cannot be skipped in place
-                               "nonparametric": not spec.parametric})
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
-    return (layer.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
+    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
             .replace("{{LAYER_SCHEMA}}", schema)
             .replace("{{LAYER_CHECKS}}", runtime_source("layer_options"))
             .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{LAYER_STREAMS}}", runtime_source("layer_streams"))
             .replace("{{LAYER_STATE}}", runtime_source("layer_state"))
             .replace("{{POSITIVE_SCALE}}", repr(float(spec.retention.c)) if positive == "softmax" else "1.0")
-            .replace("{{UNREAD}}", repr(tuple(unread))))
+            .replace("{{UNREAD}}", repr(tuple(unread)))
+            .replace("{{LAYER_STEPS}}", "STEPS" if spec.steps > 1 else "1")
+            .replace("{{LAYER}}", runtime_functions("layer", ["Layer"] + _default_layer_hooks(spec))))
+
+
+# The Layer's decoding hooks (mirasc.runtime.layer has a plain memory's) and the runtime module of each variant that
+# defines some of its own, which that variant's section of the emitted module carries
+LAYER_HOOKS = ("_layer_cache", "_layer_read", "_layer_keep")
+
+
+def layer_variant(spec: S.Spec) -> str | None:
+    """The runtime module whose Layer hooks the spec's module carries (None: the plain memory's)."""
+    if not spec.parametric:
+        return "nonparametric"
+    if spec.steps > 1:
+        return "multistep"
+    if spec.composite:
+        return "composite"
+    return "memory_ops" if spec.precond else None
+
+
+def _default_layer_hooks(spec: S.Spec) -> list[str]:
+    variant = layer_variant(spec)
+    own = runtime_names(variant) if variant else set()
+    return [h for h in LAYER_HOOKS if h not in own]
 
 
 # The range each coefficient's per-head constant must lie in, as code on a tensor x, and in words.
@@ -273,7 +291,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["MULTISTEP"] = runtime_source("multistep")
     subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
         ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
-                                                          "init_state", "apply"])
+                                                          "init_state", "apply", "_layer_cache", "_layer_read"])
     readout_fn = "_lq_on_kernels" if flags["chunk_lq"] else "_kl_on_kernels"  # (a chunk readout on the kernels)
     subs.update(CHUNK_READOUT_FN=readout_fn, CHUNK_READOUT_KERNELS=runtime_functions("chunk_readouts", [readout_fn]))
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
@@ -337,7 +355,8 @@ def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:
         + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
-            "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition"])}
+            "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition",
+                                                                  "_layer_cache", "_layer_read"])}
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:

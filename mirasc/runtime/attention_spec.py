@@ -18,3 +18,9 @@ ATTEND_CURRENT = False  # stick-breaking: whether query t reads its own pair
 SINK = False  # a learned logit per head in every read's denominator
 DECAY = None  # forget gate on the stored pairs: None, "gate", "per_head" or a constant α
 OP_ID = "0123456789ab"  # the Triton ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
+
+
+
+def _coefficients(gates, like, d_v=None):
+    """The op's per-token inputs as the algorithms read them (the emitted module's; here: none, no decay)."""
+    return {}

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import _check_dtypes, _check_types
-from .memory_hooks import _apply_memory, _init_memory_state, _state_shapes
+from .memory_hooks import _apply_memory, _coefficients, _init_memory_state, _start, _state_shapes, _token_step
+from .memory_ops import _token_coefs
 
 FEATURE = "elu1"  # the feature map φ: "identity", "elu1", "taylor" (Based) or "hedgehog"
 NORMALIZE = True  # the normaliser: o_t = W_t φ(q_t) / (z_t·φ(q_t) + NORM_EPS)
@@ -122,3 +123,24 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
     if NORMALIZE:
         o = o[..., :-1] / (o[..., -1:] + NORM_EPS)
     return o.to(out_dtype), _public_state(final)
+
+
+def _layer_cache(state):
+    """A decoding cache (mirasc.runtime.layer) from the public state: the carry of the memory's state."""
+    return {"carry": _start(_memory_state(state)), "conv": None}
+
+
+def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
+    """Layer.step's memory read (mirasc.runtime.layer): the memory reads and writes φ(q), φ(k) (the feature map's
+    parameters are the Layer's read parameters; the memory has none), with the normaliser on [v, 1], the read divided
+    by its last row."""
+    feature_params = {n: p.to(q.dtype) for n, p in read_params.items()}
+    q, k = _features(q, feature_params), _features(k, feature_params)
+    if NORMALIZE:
+        v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the normaliser's value 1
+    c = _coefficients(gates, q, v.shape[-1])
+    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
+    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, None)
+    if NORMALIZE:
+        o_t = o_t[..., :-1] / (o_t[..., -1:] + NORM_EPS)
+    return {"carry": carry}, o_t

@@ -101,3 +101,37 @@ def _apply_substeps(q, k, v, gates=None, *, state=None, params=None, backend="au
     """A multi-step memory over its sub-steps (the emitted module's apply on them): here _apply_memory's."""
     return _apply_memory(q, k, v, gates, state=state, backend=backend, algorithm=algorithm, chunk_size=chunk_size,
                          cu_seqlens=cu_seqlens)
+
+
+def _coefficients(gates, like, d_v=None):
+    """Every coefficient as [B, H, T]: here the gates as given (the example memory reads η only)."""
+    return {n: g.transpose(1, 2) for n, g in (gates or {}).items()}
+
+
+def _token_step(carry, q_t, k_t, v_t, c_t, params=None):
+    """One token of _apply_memory's delta rule. q_t, k_t, v_t: [B, H, 1, D]; c_t["eta"]: [B, H, 1, 1]."""
+    W = carry["W"][0]
+    W = W - c_t["eta"] * ((W @ k_t.transpose(-1, -2) - v_t.transpose(-1, -2)) @ k_t)
+    return {**carry, "W": [W], "t": carry["t"] + 1}, (W @ q_t.transpose(-1, -2)).transpose(-1, -2)
+
+
+def init_state(batch, heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None):
+    """The module's default initial state: the memory's."""
+    return _init_memory_state(batch, heads, d_k, d_v, dtype=dtype, device=device, generator=generator)
+
+
+def init_params(heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None, layer_idx=0):
+    """The read's learned parameters: none for a parametric memory."""
+    return {}
+
+
+def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algorithm="auto", chunk_size=None,
+          cu_seqlens=None, extras=None):
+    """The module's op: here _apply_memory."""
+    return _apply_memory(q, k, v, gates, state=state, backend=backend, algorithm=algorithm, chunk_size=chunk_size,
+                         cu_seqlens=cu_seqlens)
+
+
+def launch_plan(d_k, d_v, *, dtype=torch.float32, device="sm_90", backend="auto", algorithm="auto", chunk_size=None):
+    """What apply runs (docs/module-api.md, "launch_plan"): here the token loop in torch."""
+    return {"backend": "torch", "algorithm": "recurrent", "kernels": []}

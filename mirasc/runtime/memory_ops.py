@@ -9,7 +9,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .memory_spec import GATE_CHANNELS, NS_COEFFICIENTS, NS_STEPS, POLY_DEGREE, PRECOND
+from .inputs import _extra_inputs
+from .memory_hooks import _coefficients, _start, _token_step
+from .memory_spec import EXTRAS, GATE_CHANNELS, NS_COEFFICIENTS, NS_STEPS, POLY_DEGREE, PRECOND
 from .segments import _segment_products
 
 
@@ -120,3 +122,22 @@ def _precondition(c, k, a0, pad_mask=None):
     c["eta_ch"] = eta * _multiplier(a)
     c["eta"] = torch.ones_like(c["eta"])
     return c, a[:, :, -1]
+
+
+def _layer_cache(state):
+    """A decoding cache (mirasc.runtime.layer) under the preconditioned learner: the preconditioner's statistic a is
+    carried beside the memory."""
+    return {"carry": _start(state), "conv": None, "stat": state["A"]}
+
+
+def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
+    """Layer.step's memory read (mirasc.runtime.layer) under the preconditioned learner: η ⊙ m(a_t) from the carried
+    statistic, which the cache carries on."""
+    c = _coefficients(gates, q, v.shape[-1])
+    if extras:
+        c.update(_extra_inputs(extras, q, EXTRAS))
+    c, stat = _precondition(c, k.transpose(1, 2), cache["stat"])
+    params = {n: p.to(q.dtype) for n, p in read_params.items()}
+    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
+    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, params)
+    return {"carry": carry, "stat": stat}, o_t

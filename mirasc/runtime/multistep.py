@@ -5,9 +5,10 @@ function are the emitted module's (mirasc.runtime.memory_spec and memory_hooks h
 
 import torch
 
-from .inputs import _check_dtypes, _check_types, _offsets
-from .memory_hooks import _apply_substeps
-from .memory_spec import GATE_CHANNELS, GATES, STEPS
+from .inputs import _check_dtypes, _check_types, _extra_inputs, _offsets
+from .memory_hooks import _apply_substeps, _coefficients, _token_step
+from .memory_ops import _token_coefs
+from .memory_spec import EXTRAS, GATE_CHANNELS, GATES, STEPS
 
 
 def _interleave(x):
@@ -78,3 +79,18 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
                                algorithm=algorithm, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
                                extras=extras_sub or None)
     return o[:, STEPS - 1::STEPS], final
+
+
+def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
+    """Layer.step's memory read (mirasc.runtime.layer) under a multi-step learner: the token's STEPS inner steps in
+    order, o_t the read after the last."""
+    q, k, v, gates, extras = substeps(q, k, v, gates, extras)
+    c = _coefficients(gates, q, v.shape[-1])
+    if extras:
+        c.update(_extra_inputs(extras, q, EXTRAS))
+    params = {n: p.to(q.dtype) for n, p in read_params.items()}
+    carry = cache["carry"]
+    for j in range(STEPS):
+        c_j = {n: val.to(q.dtype) for n, val in _token_coefs(c, j, j + 1).items()}
+        carry, o_t = _token_step(carry, *(t[:, j:j + 1].transpose(1, 2) for t in (q, k, v)), c_j, params)
+    return {"carry": carry}, o_t

@@ -25,7 +25,9 @@ from .attention_spec import (
     TEMPORAL,
     TYING,
     WINDOW,
+    _coefficients,
 )
+from .layer_state import _keep_rows
 
 
 def _scale(d_k):
@@ -386,3 +388,21 @@ def _cross(q, k, v, params, block):
 
 def _token_coefs(c, t0, t1):
     return {n: val[..., t0:t1] for n, val in c.items()}
+
+
+def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
+    """Layer.step's read (mirasc.runtime.layer): the cache keeps every pair; padding tokens (keep False) are marked in
+    it, and every read skips them."""
+    c = _coefficients(gates, q, v.shape[-1])
+    params = {n: p.to(q.dtype) for n, p in read_params.items()}
+    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
+    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, params,
+                             keep=keep)
+    return {"carry": carry}, o_t
+
+
+def _layer_keep(keep, y, new, cache):
+    """Layer.step's output and cache with padding rows (keep [B] False): the attention cache marked the padding
+    itself; the convolution history of a padding row stays as it was, and a padding row reads nothing."""
+    new["conv"] = _keep_rows(keep, new["conv"], cache["conv"])
+    return torch.where(keep[:, None], y, torch.zeros_like(y)), new

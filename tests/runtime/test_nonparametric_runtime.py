@@ -20,10 +20,10 @@ D64 = torch.float64
 
 
 def _spec_choices() -> list[str]:
-    """The names the path imports from mirasc.runtime.attention_spec."""
+    """The spec's choices (constants) the path imports from mirasc.runtime.attention_spec."""
     tree = ast.parse((ROOT / "mirasc" / "runtime" / "nonparametric.py").read_text(encoding="utf-8"))
     return [a.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "attention_spec"
-            for a in node.names]
+            for a in node.names if a.name.isupper()]
 
 
 def _softmax_attention(q, k, v):
@@ -46,6 +46,7 @@ def test_every_nonparametric_module_sets_the_choices_its_path_reads():
         head = src[:src.index(runtime_source("nonparametric"))]
         missing = [n for n in names if not re.search(rf"^{n} = ", head, re.M)]
         assert missing == [], (path.stem, missing)
+        assert "\ndef _coefficients(" in src, path.stem  # the module's own, which the path's layer read calls
     assert modules >= 5
 
 
