@@ -20,13 +20,17 @@ TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
 STICKBREAKING = (TEMPLATES / "stickbreaking_triton.py.tmpl").read_text()
 # the host functions of the Triton reads, by their module under mirasc/runtime/ (copied in this order)
-SHARED_HOST = ("_flash_interpreted", "_dot_options", "_packed_offsets", "_flash_delta", "_flash_rows")
+SHARED_HOST = ("_attention_backend", "_triton_apply", "_flash_interpreted", "_dot_options", "_packed_offsets",
+               "_flash_delta", "_flash_rows")
 FLASH_HOST = ("_TUNED", "_autotuned", "_flash_kernel", "_flash_launch_configs", "_ATTENTION_AUTOTUNE",
               "_triton_kernels", "_head_tiles", "_strides", "_rows_last", "_like_rows", "_flash_forward",
-              "_flash_backward", "_register_ops", "_FLASH_OP", "_flash_attention")
+              "_flash_backward", "_register_ops", "_FLASH_OP", "_flash_attention", "_triton_read")
 STICKBREAKING_HOST = ("_SB_KERNELS", "_sb_config", "_sb_space", "_STICKBREAKING_AUTOTUNE", "_triton_kernels",
                       "_sb_launch_options", "_sb_forward", "_sb_backward", "_register_ops", "_SB_OP",
-                      "_stickbreaking_attention")
+                      "_stickbreaking_attention", "_with_remainder", "_triton_read")
+# the op (mirasc/runtime/attention_api.py), and where the memory has no Triton kernel, its refusals
+API = ("apply", "_route", "_precision", "_widths", "launch_plan")
+NO_TRITON = ("_attention_backend", "_triton_apply", "_triton_kernels")
 
 
 def _decay(r) -> str:
@@ -60,11 +64,12 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "SCALE": "None" if m.scale is None else repr(float(m.scale)), "WINDOW": str(m.window),
         "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
-        "NO_TRITON_REASON": reason.replace('"', "'"), "REMAINDER": repr(m.remainder),
+        "NO_TRITON_REASON": "None" if has_triton else repr(reason), "REMAINDER": repr(m.remainder),
         "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
+        "ATTENTION_API": runtime_functions("attention_api", list(API) + ([] if has_triton else list(NO_TRITON))),
         "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
         "GPU_LIMITS": runtime_source("gpu_limits"), "CUSTOM_OPS": runtime_source("custom_ops"),
         "FLASH_SPACE": runtime_source("flash_space"),
@@ -77,8 +82,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
             list(FLASH_HOST) if m.kernel == "softmax" else [])),
         "STICKBREAKING_HOST": runtime_functions("stickbreaking_host", list(STICKBREAKING_HOST)),
     }
-    body = preprocess(TEMPLATE, {"triton": has_triton, "decay": spec.retention.kind == "decay",
-                                 "per_head": bool(spec.per_head()), "stickbreaking": m.kernel == "stickbreaking"})
+    body = preprocess(TEMPLATE, {"per_head": bool(spec.per_head())})
     if has_triton:
         body += preprocess(TRITON, {"softmax": m.kernel == "softmax"})
         if m.kernel == "stickbreaking":

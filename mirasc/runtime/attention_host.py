@@ -1,18 +1,59 @@
 """The host side of the flash kernels of softmax memories, and what the stick-breaking read's host side shares with
 it (a runtime piece: the functions an emitted attention module names are copied into it by
-mirasc.codegen.attention_backend): launch options, the tiles a launch takes (autotuned over mirasc.runtime.flash_space
-on a GPU), the forward and backward launches, and the op that wraps them. The spec's choices it reads are
-mirasc.runtime.attention_spec's (every emitted module sets its own)."""
+mirasc.codegen.attention_backend): the op's Triton path (the backend a call takes; a call from an empty cache on the
+read's kernels, whose _triton_read is the flash read here and the stick-breaking one in stickbreaking_host), launch
+options, the tiles a launch takes (autotuned over mirasc.runtime.flash_space on a GPU), the forward and backward
+launches, and the op that wraps them. The spec's choices it reads are mirasc.runtime.attention_spec's (every emitted
+module sets its own)."""
 
 import torch
 import triton
 
-from .attention_spec import CAUSAL, OP_ID, WINDOW
+from .attention_spec import CAUSAL, DECAY, OP_ID, SINK, WINDOW, _coefficients
 from .custom_ops import _register_op
 from .flash_space import _FLASH_KERNELS, _flash_configs
 from .gpu_limits import _device_smem_limit
+from .inputs import _check_triton_device
 from .kernels.attention import _flash_bwd_delta
 from .kernels.flash import _flash_bwd_dkdv, _flash_bwd_dq, _flash_fwd
+from .launch_plan import _auto_reason
+from .nonparametric import _scale, _trim
+
+
+def _attention_backend(backend, device):
+    """backend "auto" resolved, and why it leaves the Triton kernels out (None where it takes them, or where the
+    backend is given)."""
+    if backend == "auto":
+        why = _auto_reason(triton, device)
+        return ("torch" if why else "triton"), why
+    return backend, None
+
+
+def _triton_apply(q, k, v, gates, params, bounds=None):
+    """A call from an empty cache on the Triton read (_triton_read): q [B, T, H, Dk], k, v [B, T, H, D] -> (o [B, T,
+    H, Dv], the cache). The cache holds the keys and values as given (views, [B, H, T, D]); the torch path reads them
+    in its compute dtype when it continues from it. bounds: the offsets of causal sequences packed along time (B = 1),
+    read in one launch of each kernel, each with its own cache (a list). A decaying memory's fp32 running sum of log α
+    c feeds the kernels (they add c_t − c_s to the logits); only its differences within a sequence are read."""
+    _check_triton_device(q, triton)
+    compute = q.dtype if q.dtype in (torch.float32, torch.float64) else torch.float32
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    cumulative = None
+    if DECAY is not None:
+        cumulative = torch.cumsum(_coefficients(gates, q.float())["log_alpha"], dim=-1).contiguous()
+    o = _triton_read(qh, kh, vh, _scale(q.shape[-1]), cumulative, params, bounds).transpose(1, 2)
+    if bounds is None:
+        final = {"K": kh, "V": vh, "Q": qh[:, :, :0], "start": 0}
+        if cumulative is not None:
+            final["log_weight"] = (cumulative[..., -1:] - cumulative).to(compute)
+        return o, _trim(final) if CAUSAL else None
+    kc, vc = kh.to(compute), vh.to(compute)
+    caches = [{"K": kc[:, :, a:b], "V": vc[:, :, a:b], "Q": qh[:, :, :0].to(compute), "start": 0}
+              for a, b in zip(bounds, bounds[1:])]
+    if cumulative is not None:
+        for cache, a, b in zip(caches, bounds, bounds[1:]):
+            cache["log_weight"] = (cumulative[..., b - 1:b] - cumulative[..., a:b]).to(compute)
+    return o, [_trim(cache) for cache in caches]
 
 
 def _flash_interpreted():
@@ -235,3 +276,9 @@ def _flash_attention(q, k, v, scale, c=None, bounds=None, sink=None):
     if bounds is None:
         return _FLASH_OP(q, k, v, c, float(scale), None, 0, sink)[0]
     return _FLASH_OP(q, k, v, c, float(scale), *_packed_offsets(bounds, q.device), sink)[0]
+
+
+def _triton_read(q, k, v, scale, c, params, bounds=None):
+    """The Triton read of a softmax memory, [B, H, T, D] in and out: the flash kernels, with the attention sink's
+    logits where the spec has one."""
+    return _flash_attention(q, k, v, scale, c, bounds, params["sink"] if SINK else None)

@@ -17,6 +17,9 @@ REMAINDER = "none"  # stick-breaking: where the stick left over goes
 ATTEND_CURRENT = False  # stick-breaking: whether query t reads its own pair
 SINK = False  # a learned logit per head in every read's denominator
 DECAY = None  # forget gate on the stored pairs: None, "gate", "per_head" or a constant α
+GATES = ()  # the op's gates (a decaying memory: "alpha")
+DEFAULT_CHUNK = 64  # schedule: the torch path's query block
+NO_TRITON_REASON = "an example"  # why the memory has no Triton kernel (None: it has)
 OP_ID = "0123456789ab"  # the Triton ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
 
 

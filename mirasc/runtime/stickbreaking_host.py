@@ -7,7 +7,7 @@ import torch
 import triton
 
 from .attention_host import _dot_options, _flash_delta, _flash_rows, _packed_offsets
-from .attention_spec import ATTEND_CURRENT, OP_ID, WINDOW
+from .attention_spec import ATTEND_CURRENT, OP_ID, REMAINDER, WINDOW
 from .custom_ops import _register_op
 from .gpu_limits import _device_smem_limit
 from .kernels.stickbreaking import _sb_bwd_dkdv, _sb_bwd_dq, _sb_fwd
@@ -175,3 +175,19 @@ def _stickbreaking_attention(q, k, v, scale, bounds=None):
     if bounds is None:
         return _SB_OP(q, k, v, float(scale), None, 0)
     return _SB_OP(q, k, v, float(scale), *_packed_offsets(bounds, q.device))
+
+
+def _with_remainder(o, left, v, params):
+    """o [B, H, T, Dv] + r_t·x_t where REMAINDER says (r = left [B, H, T], fp32; v [B, H, T, Dv])."""
+    if REMAINDER == "current":
+        return o + left[..., None] * v.float()
+    if REMAINDER == "bias":
+        return o + left[..., None] * params["remainder_bias"][None, :, None, :].float()
+    return o
+
+
+def _triton_read(q, k, v, scale, c, params, bounds=None):
+    """The Triton read of the stick-breaking memory, [B, H, T, D] in and out (no decay: c is None): the stick-breaking
+    kernels, the stick left over where REMAINDER puts it."""
+    o, left = _stickbreaking_attention(q, k, v, scale, bounds)
+    return _with_remainder(o, left, v, params).to(q.dtype)
