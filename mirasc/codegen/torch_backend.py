@@ -291,7 +291,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["MULTISTEP"] = runtime_source("multistep")
     subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
         ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
-                                                          "init_state", "apply", "_layer_cache", "_layer_read"])
+                                                          "init_state", "apply", "_memory_widths", "_layer_cache",
+                                                          "_layer_read"])
     readout_fn = "_lq_on_kernels" if flags["chunk_lq"] else "_kl_on_kernels"  # (a chunk readout on the kernels)
     subs.update(CHUNK_READOUT_FN=readout_fn, CHUNK_READOUT_KERNELS=runtime_functions("chunk_readouts", [readout_fn]))
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
@@ -302,6 +303,10 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["GPU_LIMITS"] = runtime_source("gpu_limits")
     subs["LAUNCH_PLAN"] = runtime_source("launch_plan")
     subs["INPUTS"] = runtime_source("inputs")
+    subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
+    subs["ROUTE_FNS"] = runtime_functions("routes", ["_chunk_length", "_route"])
+    widths = [] if spec.composite else ["_memory_widths"]  # (a composite memory's are its own)
+    subs["LAUNCH_PLAN_FNS"] = runtime_functions("routes", widths + ["launch_plan"])
     hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
     hooks.update(torch_learner.hooks(torch_learner.for_spec(spec)))
     body = fill_lines(preprocess(TEMPLATE, flags), hooks)
@@ -437,7 +442,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "INIT_DOC": _init_doc(spec, d),
         "SHAPES": _weight_shapes(spec),
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
-        "NO_CHUNK_REASON": reason.replace('"', "'"),
+        "NO_CHUNK_REASON": "None" if kind is not None else repr(reason),
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),

@@ -125,6 +125,12 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
     return o.to(out_dtype), _public_state(final)
 
 
+def _memory_widths(d_k, d_v):
+    """The widths the memory reads for heads of d_k x d_v (launch_plan, mirasc.runtime.routes): the features', and
+    the normaliser's row."""
+    return feature_dim(d_k), d_v + int(NORMALIZE)
+
+
 def _layer_cache(state):
     """A decoding cache (mirasc.runtime.layer) from the public state: the carry of the memory's state."""
     return {"carry": _start(_memory_state(state)), "conv": None}

@@ -12,6 +12,11 @@ POLY_DEGREE = 2  # p of the memory's polynomial feature map φ_p
 PRECOND = {"transform": "rms", "eps": 1e-6}
 GATES = ("eta", "alpha")  # the spec's gates: apply(..., gates={name: tensor})
 STEPS = 2  # inner gradient steps per token of a multi-step learner
+CHUNKED = True  # whether algorithm="chunked" exists for the spec
+NO_CHUNK_REASON = None  # why it does not (None: it does)
+DEFAULT_CHUNK = 64  # schedule: chunk length of the chunked algorithm
+MINIBATCH = None  # semantics: gradients of each MINIBATCH tokens taken at the chunk's anchor (None: token by token)
+CHUNK_READOUT = False  # readout=chunk on the Triton kernels: the chunk kernels only, no fused recurrent kernel
 EXTRAS = ()  # key inputs besides q, k (κ of l2(read=kappa | erase=kappa)): apply(..., extras={name: tensor})
 # The Layer's (mirasc.runtime.layer): the spec's layer block over the family defaults, each option's type and range
 # (mirasc.language.layer_options), how learned initial weights are kept positive ("softmax", "exp" or None) and the

@@ -1,15 +1,18 @@
-"""Which backend runs a call, by the module's Triton family (a runtime piece: `_route` in every emitted memory module
-asks the one function here that its family names, copied in by mirasc.codegen.torch_backend): the chunked families,
-the mini-batch kernels, the fused recurrent kernel alone, or no Triton kernel. Each takes the call's backend and
-algorithm as _route resolved them and returns (backend, chunked, why): backend "auto" resolved, whether the chunked
-algorithm runs, and why backend='auto' leaves the Triton kernels out; each raises where a path does not exist. Beside
-each, the kernels launch_plan lists for that family, and how the Triton dots multiply."""
+"""Which path runs a call of a parametric memory's op, and launch_plan (a runtime piece: copied into every emitted
+memory module by mirasc.codegen.torch_backend; docs/module-api.md, "launch_plan"). `_route` is the one home of the
+decision: the algorithm and its chunk length, then the backend by the module's Triton family, `_family_route`, one of
+the functions below (the chunked families, the mini-batch kernels, the fused recurrent kernel alone, or no Triton
+kernel): each takes the call's backend and algorithm as _route resolved them and returns (backend, chunked, why):
+backend "auto" resolved, whether the chunked algorithm runs, and why backend='auto' leaves the Triton kernels out;
+each raises where a path does not exist. Beside each, the kernels launch_plan lists for that family, and how the
+Triton dots multiply. The spec's choices are the module's (mirasc.runtime.memory_spec has examples)."""
 
 import torch
 import triton
 
 from .chunk_host import _chunk_fit_reason, _chunk_plan
-from .launch_plan import _auto_reason
+from .launch_plan import _auto_reason, _plan
+from .memory_spec import CHUNK_READOUT, CHUNKED, DEFAULT_CHUNK, MINIBATCH, NO_CHUNK_REASON
 from .minibatch_host import _mb_plan, _mb_window_error, _mb_window_fits, _minibatch_fit_reason
 from .recurrent_host import _recurrent_plan
 from .recurrent_spec import HALF_DOTS, NO_TRITON_REASON
@@ -98,3 +101,57 @@ def _minibatch_kernel_plan(Dk, Dv, prec, device, chunked, chunk):
 def _recurrent_kernel_plan(Dk, Dv, prec, device, chunked, chunk):
     """launch_plan's kernels of the fused recurrent path."""
     return _recurrent_plan(Dk, Dv)
+
+
+_family_route = _chunk_route  # (the module's own names its family's route)
+_triton_kernels = _chunk_kernel_plan  # (the module's own names its family's kernels, or None)
+
+
+def _chunk_length(chunk_size):
+    """The tokens per chunk of the chunked algorithm for a `chunk_size` argument; refuses one that is not. Under
+    minibatch(C) it is the spec's C, which changes what is computed: no other size is taken."""
+    if MINIBATCH is not None:
+        if chunk_size not in (None, MINIBATCH):
+            raise ValueError(f"chunk_size is the spec's mini-batch size here (minibatch({MINIBATCH})); it "
+                             f"changes what is computed, so it cannot be {chunk_size}")
+        return MINIBATCH
+    chunk = DEFAULT_CHUNK if chunk_size is None else int(chunk_size)
+    if chunk < 1:
+        raise ValueError(f"chunk_size must be >= 1, not {chunk_size}")
+    return chunk
+
+
+def _route(Dk, Dv, dtype, device, backend, algorithm, chunk_size):
+    """The path a call takes with heads of Dk x Dv (the widths the memory reads), `dtype` inputs on `device`:
+    (backend, chunked, chunk, why) — backend "auto" resolved, whether the chunked algorithm runs and its tokens per
+    chunk, and why backend='auto' leaves the Triton kernels out (None where it takes them, or where the backend is
+    given). Raises what the call raises for a path that does not exist. The one home of this decision: apply, packed
+    sequences and launch_plan ask it."""
+    if algorithm == "chunked" and not CHUNKED:
+        raise ValueError(f"no chunked algorithm for this spec: {NO_CHUNK_REASON}; use algorithm='recurrent'")
+    chunked = algorithm == "chunked" or (algorithm == "auto" and CHUNKED)
+    chunk = _chunk_length(chunk_size) if chunked else None
+    backend, chunked, why = _family_route(Dk, Dv, dtype, device, backend, algorithm, chunked, chunk)
+    if CHUNK_READOUT and backend == "triton" and not chunked:
+        raise RuntimeError("no fused recurrent Triton kernel for readout=chunk (docs/semantics.md: chunk readouts): "
+                           "backend='triton' runs the chunk kernels (algorithm='chunked' or 'auto'); "
+                           "algorithm='recurrent' is torch's")
+    return backend, chunked, chunk, why
+
+
+def _memory_widths(d_k, d_v):
+    """The widths the memory reads for heads of d_k x d_v (launch_plan; a composite memory's are its own)."""
+    return d_k, d_v
+
+
+def launch_plan(d_k, d_v, *, dtype=torch.float32, device="sm_90", backend="auto", algorithm="auto", chunk_size=None):
+    """What `apply` would run for heads of d_k x d_v, `dtype` inputs on `device`, without running it
+    (docs/module-api.md, "launch_plan"): a torch device, or a GPU named by its compute capability ("sm_80", "sm_90",
+    ...; none needed).
+    Returns {"backend": "triton" | "torch", "algorithm": "chunked" | "recurrent", "chunk": tokens per chunk (None for
+    the recurrent algorithm), "precision": how the Triton dots multiply (None on torch), "kernels": {kernel name:
+    the configurations a GPU's autotuner may try at these sizes} (on a GPU), "reason": why backend='auto' leaves the
+    Triton kernels out (None where it takes them)}. Raises what apply raises for a path that does not exist, or
+    sizes a path's kernels cannot take on that device."""
+    return _plan(_route, _triton_kernels, _dot_precision, _memory_widths, d_k, d_v, dtype, device, backend, algorithm,
+                 chunk_size)
