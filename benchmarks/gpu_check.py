@@ -188,7 +188,7 @@ def check_spec(path: Path, settings: dict, device: str) -> list[dict]:
     # the attention memories' flash kernels also read sequences packed along time in one launch (their varlen
     # grid): "packed" runs B·T tokens as one row of three sequences, one of them empty, against the torch
     # recurrence run per sequence
-    if hasattr(mod, "_packed_triton"):
+    if hasattr(mod, "_triton_read"):
         algorithms.append("packed")
     records = []
     for setting, (dtype, B, T, H, D, tol) in settings.items():
