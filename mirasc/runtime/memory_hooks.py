@@ -1,8 +1,8 @@
 """The functions of a parametric memory that the runtime pieces call by name, with an example memory: a linear memory
 W [B, H, Dv, Dk] with the l2 bias, read as it is. Every emitted module defines its own, printed from its spec's IR and
 retention (mirasc.codegen.torch_backend); this module only lets the pieces that call them (mirasc.runtime.
-minibatch_chunks, composite, chunk_readouts) be imported, and unit-tested against token recurrences with these examples
-in place."""
+minibatch_chunks, composite, chunk_readouts, layer, multistep) be imported, and unit-tested against token recurrences
+with these examples in place."""
 
 import torch
 
@@ -134,4 +134,5 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
 
 def launch_plan(d_k, d_v, *, dtype=torch.float32, device="sm_90", backend="auto", algorithm="auto", chunk_size=None):
     """What apply runs (docs/module-api.md, "launch_plan"): here the token loop in torch."""
-    return {"backend": "torch", "algorithm": "recurrent", "kernels": []}
+    return {"backend": "torch", "algorithm": "recurrent", "chunk": None, "precision": None, "kernels": {},
+            "reason": "the example memory has no Triton kernel"}
