@@ -12,9 +12,6 @@ from pathlib import Path
 
 from ..runtime import lm
 
-TEMPLATES = Path(__file__).parent / "templates"
-
-
 RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 
 
@@ -103,7 +100,7 @@ def lm_source() -> str:
 
 def model_source() -> str:
     """The language model and a make_model() factory, appended to an emitted module by `mirasc compile --model`."""
-    return lm_source() + (TEMPLATES / "model_factory.py.tmpl").read_text(encoding="utf-8")
+    return lm_source() + "\n\n" + runtime_functions("lm_factory", ["make_model"]) + "\n"
 
 
 def hf_wrapper_source() -> str:

@@ -1,3 +1,8 @@
+"""The factory `mirasc compile --model` appends after the language model (a runtime piece, copied by
+mirasc.codegen.standalone.model_source): a LanguageModel whose every block mixes with the emitted module's Layer."""
+
+from .layer import Layer
+from .lm import LanguageModel, LMConfig
 
 
 def make_model(cfg=None):
