@@ -54,14 +54,13 @@ LAYER_HOOKS = ("_layer_cache", "_layer_read", "_layer_keep")
 
 
 def layer_variant(spec: S.Spec) -> str | None:
-    """The runtime module whose Layer hooks the spec's module carries (None: the plain memory's)."""
-    if not spec.parametric:
-        return "nonparametric"
-    if spec.steps > 1:
-        return "multistep"
-    if spec.composite:
-        return "composite"
-    return "memory_ops" if spec.precond else None
+    """The runtime module whose Layer hooks the spec's module carries (None: the plain memory's). The language
+    rejects every pair of these variants (mirasc.language.legality), so at most one applies."""
+    variants = [name for name, on in (("nonparametric", not spec.parametric), ("multistep", spec.steps > 1),
+                                      ("composite", spec.composite), ("memory_ops", spec.precond)) if on]
+    if len(variants) > 1:
+        raise AssertionError(f"the Layer's hooks of {' and '.join(variants)} in one module (a missing legality rule)")
+    return variants[0] if variants else None
 
 
 def _default_layer_hooks(spec: S.Spec) -> list[str]:
