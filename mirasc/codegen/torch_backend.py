@@ -304,6 +304,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["INPUTS"] = runtime_source("inputs")
     subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
     subs["ROUTE_FNS"] = runtime_functions("routes", ["_chunk_length", "_route"])
+    subs.update(_memory_api(outer, the_plan))
     widths = [] if spec.composite else ["_memory_widths"]  # (a composite memory's are its own)
     subs["LAUNCH_PLAN_FNS"] = runtime_functions("routes", widths + ["launch_plan"])
     hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
@@ -316,6 +317,26 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     triton_line = _triton_line(spec, the_plan)
     return (docstring(outer, d, kind, reason, triton_line) + "\n" + body + triton_section + layer_source(outer, d),
             the_plan)
+
+
+# The memory's op (mirasc/runtime/memory_api.py), and the run backend='triton' takes with each Triton family
+MEMORY_API = ("_packed_on_chunk_kernels", "_packed_padded_apply", "_apply_memory", "apply", "init_state",
+              "_initial_state", "_preconditioned")
+TRITON_RUNS = {"chunk_readout": "_run_chunk_readout", "chunk": "_run_chunk_kernels",
+               "minibatch": "_run_minibatch_kernels", "recurrent": "_run_recurrent_kernel"}
+
+
+def _memory_api(spec: S.Spec, the_plan: Plan) -> dict[str, str]:
+    """The op's pieces, less those the spec's variant writes itself (a multi-step learner's or a composite memory's
+    apply, a preconditioned learner's _preconditioned), and its Triton family's run."""
+    variant = layer_variant(spec)
+    own = runtime_names(variant) if variant else set()
+    family = (None if not the_plan.triton else "chunk_readout" if the_plan.chunk_readout
+              else "chunk" if the_plan.chunk_family is not None else "minibatch" if the_plan.minibatch
+              else "recurrent")
+    names = [n for n in MEMORY_API if n not in own] + ([TRITON_RUNS[family]] if family else [])
+    return {"MEMORY_API": runtime_functions("memory_api", names), "TRITON_RUN": TRITON_RUNS.get(family, "None"),
+            "HALF_IN_PLACE": repr(the_plan.half_in_place), "PACKED": repr(the_plan.packed)}
 
 
 def _routes(flags: dict[str, bool]) -> dict[str, str]:
@@ -360,7 +381,7 @@ def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
             "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition",
-                                                                  "_layer_cache", "_layer_read"])}
+                                                                  "_preconditioned", "_layer_cache", "_layer_read"])}
 
 
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
@@ -375,7 +396,6 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
         "token_readout": r.mapped and not chunk_readout,
-        "positive_check": d.positive_domain and not (chunk_readout and r.kind == "kl"),
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "momentum": l.kind == "momentum",
         "muon": l.kind == "muon",
@@ -427,7 +447,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "PER_HEAD": per_head_source(spec),
-        "INIT_STATE": "_init_memory_state" if spec.composite else "init_state",
         "FEATURE": spec.feature,
         "NORMALIZE": repr(spec.normalized),
         "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",
@@ -436,6 +455,9 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
         "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
         "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
+        "POSITIVE_WEIGHTS": repr(d.positive_domain and not (par.kind == "minibatch" and par.readout == "chunk"
+                                                            and r.kind == "kl")),
+        "RESIDUAL": repr(spec.memory.adds_input),
         "ELEMENTWISE": _elementwise(spec, d),
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
         "INIT_DOC": _init_doc(spec, d),
@@ -445,9 +467,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),
-        # the memory's own apply, under a public `apply` that takes tokens and runs it over their sub-steps
-        # (a multi-step learner) or on the features φ(q), φ(k) (a composite linear memory); never both (spec.py)
-        "APPLY_FN": "_apply_memory" if spec.composite else "_apply_substeps" if spec.steps > 1 else "apply",
         "WINDOW": str(spec.window),
         "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
@@ -491,11 +510,8 @@ def _triton_flags(the_plan: Plan) -> dict[str, bool]:
         "triton": the_plan.triton,
         "triton_features": the_plan.features,
         "triton_chunked": the_plan.chunk_family is not None,
-        "triton_momentum": the_plan.chunk_family == "momentum",  # padding tokens also need θ = 1 (S must not decay)
         "triton_minibatch": the_plan.minibatch,
         "chunk_readout_triton": the_plan.chunk_readout and the_plan.triton,
-        "half_in_place": the_plan.half_in_place,
-        "triton_packed": the_plan.packed,
     }
 
 

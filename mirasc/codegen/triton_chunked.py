@@ -157,7 +157,7 @@ def chunk_family_source(family: str, flags: dict[str, bool]) -> str:
     path (mirasc/runtime/momentum_host.py)."""
     if family == "momentum":
         return runtime_functions("momentum_host", ["_mom_configs", "_mom_kernel", "_CHUNK_AUTOTUNE", "_CHUNK_LAUNCHED",
-                                                   "_mom_fwd", "_mom_bwd", "_register_mom_op", "_MOM_OP", "_CHUNK_OP",
+                                                   "_mom_fwd", "_mom_bwd", "_register_mom_op", "_MOM_OP",
                                                    "_chunked_triton"])
     ops = (HEBBIAN_OP if flags["chunk_hebbian"] and flags["one_op"] else ()) + (
         DELTA_OP if flags["wy_kernels"] else ()) + (WY_OP if flags["wy_scores"] else ()) + (

@@ -119,7 +119,7 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
     if out_dtype != compute:  # 16-bit inputs: the memory's operands in their dtype (its dots on the tensor cores),
         q, k, v = q.to(out_dtype), k.to(out_dtype), v.to(out_dtype)  # its output in fp32 for the division below
     o, final = _apply_memory(q, k, v, gates, state=state, backend=backend, algorithm=algorithm, chunk_size=chunk_size,
-                             cu_seqlens=cu_seqlens)
+                             cu_seqlens=cu_seqlens, _out=compute)
     if NORMALIZE:
         o = o[..., :-1] / (o[..., -1:] + NORM_EPS)
     return o.to(out_dtype), _public_state(final)

@@ -1,10 +1,12 @@
 """The functions of a parametric memory that the runtime pieces call by name, with an example memory: a linear memory
 W [B, H, Dv, Dk] with the l2 bias, read as it is. Every emitted module defines its own, printed from its spec's IR and
 retention (mirasc.codegen.torch_backend); this module only lets the pieces that call them (mirasc.runtime.
-minibatch_chunks, composite, chunk_readouts, layer, multistep) be imported, and unit-tested against token recurrences
-with these examples in place."""
+minibatch_chunks, composite, chunk_readouts, layer, multistep, memory_api) be imported, and unit-tested against token
+recurrences with these examples in place."""
 
 import torch
+
+from .chunk_forms import _delta_chunks
 
 WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
 # The Omega rule's window (docs/semantics.md): each step's loss sums the last WINDOW tokens' losses, token i weighted
@@ -82,10 +84,10 @@ def _init_memory_state(batch, heads, d_k, d_v, *, dtype=torch.float32, device="c
     return {"W": torch.zeros(batch, heads, d_v, d_k, dtype=dtype, device=device)}
 
 
-def _apply_memory(q, k, v, gates=None, *, state=None, backend="auto", algorithm="auto", chunk_size=None,
-                  cu_seqlens=None):
-    """The memory over a sequence, [B, T, H, D] in and out: here the l2 bias's delta rule with η = gates["eta"],
-    W_t = W_{t-1} − η_t (W_{t-1} k_t − v_t) k_tᵀ, o_t = W_t q_t."""
+def _apply_memory(q, k, v, gates=None, *, state=None, params=None, backend="auto", algorithm="auto", chunk_size=None,
+                  cu_seqlens=None, extras=None, _out=None):
+    """The memory over a sequence, [B, T, H, D] in and out (a module's: mirasc.runtime.memory_api): here the l2 bias's
+    delta rule with η = gates["eta"], W_t = W_{t-1} − η_t (W_{t-1} k_t − v_t) k_tᵀ, o_t = W_t q_t, by the token."""
     B, T, H, Dk = q.shape
     W = state["W"] if state is not None else _init_memory_state(B, H, Dk, v.shape[-1], dtype=q.dtype)["W"]
     outs = []
@@ -93,14 +95,20 @@ def _apply_memory(q, k, v, gates=None, *, state=None, backend="auto", algorithm=
         k_t, v_t = k[:, t, :, :, None], v[:, t, :, :, None]
         W = W - gates["eta"][:, t, :, None, None] * ((W @ k_t - v_t) @ k_t.transpose(-1, -2))
         outs.append((W @ q[:, t, :, :, None])[..., 0])
-    return torch.stack(outs, 1), {"W": W}
+    return torch.stack(outs, 1).to(_out or q.dtype), {"W": W}
 
 
-def _apply_substeps(q, k, v, gates=None, *, state=None, params=None, backend="auto", algorithm="auto",
-                    chunk_size=None, cu_seqlens=None, extras=None):
-    """A multi-step memory over its sub-steps (the emitted module's apply on them): here _apply_memory's."""
-    return _apply_memory(q, k, v, gates, state=state, backend=backend, algorithm=algorithm, chunk_size=chunk_size,
-                         cu_seqlens=cu_seqlens)
+def _chunked(q, k, v, c, state, chunk):
+    """The chunked algorithm on [B, H, T, D] inputs (a module's is its chunk form, mirasc.runtime.chunk_forms and
+    minibatch_chunks): here the delta rule's, for _apply_memory's memory with η = c["eta"]."""
+    o, W = _delta_chunks(q, k, v, c["eta"], None, state["W"], chunk, implicit=False, pre_decay=False)
+    return o, {"W": W}
+
+
+def _chunk_readout_triton(q, k, v, c, state, chunk, prec="ieee"):
+    """readout=chunk on the Triton kernels (a module with a chunk readout has one: its readout's chunk function over
+    its family's kernels, mirasc.runtime.chunk_readouts). The example memory has no chunk readout."""
+    raise NotImplementedError("the example memory has no chunk readout")
 
 
 def _coefficients(gates, like, d_v=None):

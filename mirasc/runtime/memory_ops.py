@@ -124,6 +124,14 @@ def _precondition(c, k, a0, pad_mask=None):
     return c, a[:, :, -1]
 
 
+def _preconditioned(c, k, state, compute, pad_mask=None):
+    """apply's coefficients and state under the preconditioned learner (mirasc.runtime.memory_api): the statistic,
+    scanned from state["A"] over the sequence (k in the compute dtype), makes gd(lr=gate(k))'s key-channel rate; the
+    memory runs on the state without "A", and a_T comes back for the final state."""
+    c, stat = _precondition(c, k.to(compute), state["A"], pad_mask)
+    return c, {name: val for name, val in state.items() if name != "A"}, stat
+
+
 def _layer_cache(state):
     """A decoding cache (mirasc.runtime.layer) under the preconditioned learner: the preconditioner's statistic a is
     carried beside the memory."""

@@ -17,6 +17,12 @@ NO_CHUNK_REASON = None  # why it does not (None: it does)
 DEFAULT_CHUNK = 64  # schedule: chunk length of the chunked algorithm
 MINIBATCH = None  # semantics: gradients of each MINIBATCH tokens taken at the chunk's anchor (None: token by token)
 CHUNK_READOUT = False  # readout=chunk on the Triton kernels: the chunk kernels only, no fused recurrent kernel
+# Facts of the plan that apply reads: the retention keeps W > 0 (a given state is checked), the memory adds its input
+# (Dk == Dv), 16-bit inputs reach the chunk op in place, packed sequences run in one launch of the chunk kernels.
+POSITIVE_WEIGHTS = False
+RESIDUAL = False
+HALF_IN_PLACE = False
+PACKED = False
 EXTRAS = ()  # key inputs besides q, k (κ of l2(read=kappa | erase=kappa)): apply(..., extras={name: tensor})
 # The Layer's (mirasc.runtime.layer): the spec's layer block over the family defaults, each option's type and range
 # (mirasc.language.layer_options), how learned initial weights are kept positive ("softmax", "exp" or None) and the

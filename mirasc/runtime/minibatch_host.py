@@ -381,9 +381,6 @@ def _register_minibatch_op():
 _MINIBATCH_OP = _register_minibatch_op()
 
 
-_PACKED_OP = _MINIBATCH_OP  # the op packed sequences run in one launch of (_packed_on_chunk_kernels)
-
-
 def _minibatch_triton(q, k, v, c, state, chunk, prec="ieee", lengths=None):
     """The chunk-local preparation of γ, b, K in torch (differentiable), then the mini-batch kernels.
     lengths [B] (optional): real tokens per row; the rest of a row is padding that must not touch its state."""

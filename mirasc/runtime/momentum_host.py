@@ -127,7 +127,6 @@ def _register_mom_op():
 
 
 _MOM_OP = _register_mom_op()
-_CHUNK_OP = _MOM_OP  # the path's op (what packed sequences check for)
 
 
 def _chunked_triton(q, k, v, c, state, chunk, prec="ieee"):

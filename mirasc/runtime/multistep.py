@@ -1,12 +1,12 @@
 """The multi-step learner (docs/semantics.md, "Multi-step learners"; a runtime piece, copied into the emitted modules of
 such specs by mirasc.codegen.torch_backend): STEPS (key, value) pairs per token run as a sequence of sub-steps of the
-memory, _apply_substeps, which reads the query after each token's last sub-step. The spec's choices and the memory's
+memory, _apply_memory, which reads the query after each token's last sub-step. The spec's choices and the memory's
 function are the emitted module's (mirasc.runtime.memory_spec and memory_hooks have examples)."""
 
 import torch
 
 from .inputs import _check_dtypes, _check_types, _extra_inputs, _offsets
-from .memory_hooks import _apply_substeps, _coefficients, _token_step
+from .memory_hooks import _apply_memory, _coefficients, _token_step
 from .memory_ops import _token_coefs
 from .memory_spec import EXTRAS, GATE_CHANNELS, GATES, STEPS
 
@@ -75,7 +75,7 @@ def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algor
     q_sub, k_sub, v_sub, gates_sub, extras_sub = substeps(q, k, v, gates, extras)
     if cu_seqlens is not None:
         cu_seqlens = [bound * STEPS for bound in _offsets(q, cu_seqlens)]
-    o, final = _apply_substeps(q_sub, k_sub, v_sub, gates_sub, state=state, params=params, backend=backend,
+    o, final = _apply_memory(q_sub, k_sub, v_sub, gates_sub, state=state, params=params, backend=backend,
                                algorithm=algorithm, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
                                extras=extras_sub or None)
     return o[:, STEPS - 1::STEPS], final
