@@ -283,10 +283,12 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     forms = (("chunk_delta", "_delta_chunks"), ("chunk_momentum_delta", "_momentum_delta_chunks"),
              ("channel_delta", "_channel_delta_chunks"), ("chunk_gdelta", "_gdelta_chunks"))
     form = next((f for flag, f in forms if flags[flag]), None)
-    subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form]) if form else ""
+    subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form,
+                                                          form[:-1] + "ed"]) if form else ""
     subs["CHUNK_MATRICES"] = runtime_functions("chunk_forms", ["_chunk_matrices"])
     subs["DUAL_FORM"] = runtime_functions("chunk_forms", ["_dual_form"])
     subs.update(_minibatch_chunks(flags))
+    subs["CHUNK_ENTRY"] = _chunk_entry(spec, flags, subs)
     subs["MULTISTEP"] = runtime_source("multistep")
     subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
         ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
@@ -297,8 +299,6 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["CHANNEL_CHUNK_FORM"] = runtime_functions("chunk_forms", ["_channel_chunk_form"])
     subs.update(CHANNEL_K_FAST=repr(flags["channel_k_fast"]),
                 TOKEN_READ="_token_read" if flags["token_readout"] else "None")
-    subs.update(IMPLICIT=repr(flags["implicit"]), PRE_DECAY=repr(flags["pre_decay"]),
-                GDELTA_ERASE=repr(flags["gdelta_write"]))
     subs["GPU_LIMITS"] = runtime_source("gpu_limits")
     subs["LAUNCH_PLAN"] = runtime_source("launch_plan")
     subs["INPUTS"] = runtime_source("inputs")
@@ -369,6 +369,38 @@ def _minibatch_chunks(flags: dict[str, bool]) -> dict[str, str]:
             "CHANNEL_CHUNKS": runtime_functions("channel_chunks", channel) if channel else "",
             "MB_STEP": step, "MB_WINDOW": "(_omega_sequence, _omega_factors)" if flags["omega"] else "None",
             "OMEGA_CHUNKS": runtime_functions("minibatch_chunks", ["_omega_sequence", "_omega_factors"])}
+
+
+def _chunk_entry(spec: S.Spec, flags: dict[str, bool], subs: dict[str, str]) -> str:
+    """`_chunked`: the entry of the spec's chunk form with the spec's choices bound (mirasc/runtime/chunk_forms.py, or
+    the mini-batch form's chunk loop with its step and Omega window); "None" without a chunked algorithm."""
+    sides = {name: f'"{side}"' if side else "None" for name, side in spec.gate_channels().items()}
+    features = {"features": "_poly_features"} if flags["poly_features"] else {}
+    if flags["chunk_minibatch"] or flags["chunk_muon"] or flags["channel_minibatch"]:
+        window = "None" if flags["channel_minibatch"] else subs["MB_WINDOW"]
+        entry, args = "_minibatch_chunks", {"step": subs["MB_STEP"], "window": window}
+    elif flags["chunk_delta"]:
+        entry, args = "_delta_chunked", {"implicit": flags["implicit"], "pre_decay": flags["pre_decay"], **features}
+    elif flags["chunk_momentum_delta"]:
+        entry, args = "_momentum_delta_chunked", {"pre_decay": flags["pre_decay"]}
+    elif flags["channel_delta"]:
+        entry, args = "_channel_delta_chunked", {"eta_side": sides.get("eta", "None"), "alpha_side":
+                                                 sides.get("alpha", "None"), "implicit": flags["implicit"],
+                                                 "pre_decay": flags["pre_decay"], **features}
+    elif flags["chunk_gdelta"]:
+        entry, args = "_gdelta_chunked", {"eta_side": sides.get("eta", "None"), "erase_kappa": flags["gdelta_write"],
+                                          "pre_decay": flags["pre_decay"]}
+    else:
+        return "None"
+    lines, line = [], f"functools.partial({entry}"
+    for arg in (f"{name}={value}" for name, value in args.items()):
+        if len("_chunked = ") + len(line) + len(arg) + 3 > 120:
+            lines.append(line + ",")
+            line = " " * len("functools.partial(") + arg
+        else:
+            line += ", " + arg
+    return "\n".join(lines + [line + ")"]).replace("\n" + " " * len("functools.partial("),
+                                                   "\n" + " " * len("_chunked = functools.partial("))
 
 
 def _memory_ops(spec: S.Spec, flags: dict[str, bool]) -> dict[str, str]:
@@ -471,7 +503,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
-        "ETA_SIDE": repr(spec.gate_channels().get("eta")),
         "PRECOND": "None",
     }
 

@@ -325,3 +325,40 @@ def _channel_chunk_form(W, Y, S, qc, delta, x, eta, alpha, theta, side, fast, re
                  else torch.einsum("...rv,...rk->...vk", delta * mom_end, x))
         S = [on_side(S[0], big_theta[:, :, -1:])[:, :, 0] + rank1]
     return o, W, Y, S
+
+
+# ---- each form's entry: the chunked algorithm over a module's coefficients c and state, as `apply` calls it
+# (mirasc.runtime.memory_api); the module binds the spec's choices (functools.partial) and names it `_chunked`.
+def _delta_chunked(q, k, v, c, state, chunk, *, implicit, pre_decay, features=None):
+    """The delta family (linear memory, l2 bias, a decay per head) over c["eta"], c["alpha"] and the state {"W"}; on
+    φ(q), φ(k) where the memory reads its keys through a feature map `features` (φ_p)."""
+    if features is not None:
+        q, k = features(q), features(k)
+    o, W = _delta_chunks(q, k, v, c["eta"], c.get("alpha"), state["W"], chunk, implicit, pre_decay)
+    return o, {"W": W}
+
+
+def _momentum_delta_chunked(q, k, v, c, state, chunk, *, pre_decay):
+    """The momentum delta rule over c["eta"], c["theta"], c["alpha"] and the state {"W", "S_W"}."""
+    o, W, S = _momentum_delta_chunks(q, k, v, c["eta"], c["theta"], c.get("alpha"), state["W"], state["S_W"], chunk,
+                                     pre_decay)
+    return o, {"W": W, "S_W": S}
+
+
+def _channel_delta_chunked(q, k, v, c, state, chunk, *, eta_side, alpha_side, implicit, pre_decay, features=None):
+    """The delta family with channel-wise gates (η over `eta_side`'s channels as c["eta_ch"], α over `alpha_side`'s)
+    and the state {"W"}; on φ(q), φ(k) with a feature map `features`."""
+    if features is not None:
+        q, k = features(q), features(k)
+    o, W = _channel_delta_chunks(q, k, v, c["eta"], c.get("eta_ch"), eta_side, c.get("alpha"), alpha_side,
+                                 state["W"], chunk, implicit, pre_decay)
+    return o, {"W": W}
+
+
+def _gdelta_chunked(q, k, v, c, state, chunk, *, eta_side, erase_kappa, pre_decay):
+    """The generalized delta transition over c["kappa"], c["eta"] (a channel-wise η over keys as c["eta_ch"] where
+    `eta_side` is "k"), c["alpha"] and the state {"W"}."""
+    eta_k = c["eta_ch"] if eta_side == "k" else None
+    o, W = _gdelta_chunks(q, k, v, c["kappa"], c["eta"], eta_k, c.get("alpha"), state["W"], chunk, erase_kappa,
+                          pre_decay)
+    return o, {"W": W}

@@ -218,3 +218,32 @@ def test_channel_dual_form_is_the_prefix_sum_of_its_steps(side, decays, momentum
         o_fast, W_fast, _, _ = cf._channel_chunk_form([W0], None, None, qc, delta, x, eta, alpha, None, side, fast=True)
         torch.testing.assert_close(o_fast, o, rtol=0, atol=1e-11)
         torch.testing.assert_close(W_fast[0], W[0], rtol=0, atol=1e-11)
+
+
+def test_each_form_s_entry_reads_the_module_s_coefficients_and_state():
+    """The entries a module names as its `_chunked` (with the spec's choices bound) are their forms over c and the
+    state: the same numbers as the forms called directly, a feature map applied to q and k first, a channel-wise η
+    read only on the side it is bound to."""
+    x = _inputs(7)
+    c = {"eta": x["eta"], "alpha": x["alpha"], "theta": x["theta"], "kappa": x["kappa"], "eta_ch": x["eta_k"]}
+    q, k, v, W = x["q"], x["k"], x["v"], x["W"]
+    o, final = cf._delta_chunked(q, k, v, c, {"W": W}, 5, implicit=True, pre_decay=False)
+    assert set(final) == {"W"} and torch.equal(o, cf._delta_chunks(q, k, v, c["eta"], c["alpha"], W, 5, True, False)[0])
+    def phi(x):  # (a feature map of the same width; q and k are unit vectors)
+        return torch.nn.functional.normalize(x, dim=-1)
+
+    o, _ = cf._delta_chunked(q * 3, k * 3, v, c, {"W": W}, 5, implicit=False, pre_decay=True, features=phi)
+    assert torch.allclose(o, cf._delta_chunks(q, k, v, c["eta"], c["alpha"], W, 5, False, True)[0], atol=1e-12)
+    o, final = cf._momentum_delta_chunked(q, k, v, c, {"W": W, "S_W": x["S"]}, 5, pre_decay=True)
+    ref = cf._momentum_delta_chunks(q, k, v, c["eta"], c["theta"], c["alpha"], W, x["S"], 5, True)
+    assert set(final) == {"W", "S_W"} and torch.equal(o, ref[0]) and torch.equal(final["S_W"], ref[2])
+    o, _ = cf._channel_delta_chunked(q, k, v, c, {"W": W}, 5, eta_side="k", alpha_side=None, implicit=False,
+                                     pre_decay=False)
+    ref = cf._channel_delta_chunks(q, k, v, c["eta"], c["eta_ch"], "k", c["alpha"], None, W, 5, False, False)[0]
+    assert torch.equal(o, ref)
+    for side, eta_k in (("k", c["eta_ch"]), (None, None)):
+        o, _ = cf._gdelta_chunked(q, k, v, c, {"W": W}, 5, eta_side=side, erase_kappa=True, pre_decay=False)
+        ref = cf._gdelta_chunks(q, k, v, c["kappa"], c["eta"], eta_k, c["alpha"], W, 5, True, False)[0]
+        assert torch.equal(o, ref)
+    assert not torch.allclose(o, cf._gdelta_chunked(q, k, v, c, {"W": W}, 5, eta_side="k", erase_kappa=True,
+                                                    pre_decay=False)[0])
