@@ -265,6 +265,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         flags["per_head"] = bool(outer.per_head())
         lrn = outer.learner
         flags.update(precond=True)
+        subs["STATISTIC"] = "True"
         subs["PRECOND"] = repr({"transform": lrn.transform, "eps": float(lrn.eps)} | (
             {"base": float(lrn.base), "center": float(lrn.center)} if lrn.transform == "atk" else {}))
     coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
@@ -278,6 +279,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs.update(_memory_ops(spec, flags))
     subs["SEGMENTS"] = runtime_source("segments")
+    subs["MEMORY_STATE"] = runtime_functions("memory_state", ["_state_shapes", "_start", "_finish"])
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
     forms = (("chunk_delta", "_delta_chunks"), ("chunk_momentum_delta", "_momentum_delta_chunks"),
@@ -501,6 +503,11 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "STEPS": str(spec.steps),
         "WINDOW": str(spec.window),
         "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
+        "WINDOW_STATE": "(" + ", ".join(f'"win_{n}"' for n in ("k", "v", *window_coefficients(spec, grad))) + ")"
+                        if spec.window > 1 else "()",
+        "ACCUMULATORS": repr(r.keeps_accumulator),
+        "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
+        "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
         "PRECOND": "None",

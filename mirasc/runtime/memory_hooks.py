@@ -13,6 +13,7 @@ WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
 # by γ_i; the coefficients a window token keeps.
 WINDOW = 3
 WINDOW_COEFS = ("gamma", "eta")
+WINDOW_STATE = ("win_k", "win_v") + tuple("win_" + n for n in WINDOW_COEFS)  # the window's state keys
 # Channel-wise decays of the mini-batch form (docs/semantics.md: channel-wise gates): the weight side they scale ("k"
 # columns, "v" rows); the log-space path (α over key channels, no momentum, an identity read); the per-token read of a
 # nonlinear readout (mirasc.runtime.channel_chunks._token_read), None: the identity.
@@ -49,6 +50,17 @@ def _lag_step(W, S, q1, k1, v1, g1):
     delta, x = _memory_grad(W, k1, v1, g1)[0]
     W = [g1["alpha"] * W[0] - g1["eta"] * (delta.transpose(-1, -2) @ x)]
     return q1 @ W[0].transpose(-1, -2), W, S
+
+
+def _weight_shapes(d_k, d_v):
+    """[rows, cols] of each weight in WEIGHTS: here W [d_v, d_k]."""
+    return [(d_v, d_k)]
+
+
+def _accumulators(W, state):
+    """A retention's accumulators at the start of a recurrence (None where it keeps none apart from W): here the
+    state's A_<weight>, as a retention that keeps them apart reads them."""
+    return [state["A_" + n] for n in WEIGHTS] if "A_" + WEIGHTS[0] in state else None
 
 
 def _start(state):

@@ -23,6 +23,11 @@ POSITIVE_WEIGHTS = False
 RESIDUAL = False
 HALF_IN_PLACE = False
 PACKED = False
+# The state beside the weights (mirasc.runtime.memory_state): the retention's accumulators A_<weight>, momentum buffers
+# S_<weight>, the preconditioner's statistic A (and the Omega window: memory_hooks).
+ACCUMULATORS = True
+MOMENTUM_BUFFERS = True
+STATISTIC = False
 EXTRAS = ()  # key inputs besides q, k (κ of l2(read=kappa | erase=kappa)): apply(..., extras={name: tensor})
 # The Layer's (mirasc.runtime.layer): the spec's layer block over the family defaults, each option's type and range
 # (mirasc.language.layer_options), how learned initial weights are kept positive ("softmax", "exp" or None) and the

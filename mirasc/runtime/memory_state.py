@@ -1,0 +1,48 @@
+"""A parametric memory's state (a runtime piece: copied into every emitted memory module by mirasc.codegen.
+torch_backend; docs/module-api.md, "init_state"): the tensors it holds beside the weights, and the carry of the token
+recurrence built from it and returned as it. What a spec keeps is the module's constants (ACCUMULATORS,
+MOMENTUM_BUFFERS, STATISTIC, the Omega window's WINDOW, WINDOW_COEFS, WINDOW_STATE); the retention's accumulators at
+the start of a recurrence are its printed `_accumulators` (mirasc.runtime.memory_spec and memory_hooks have
+examples)."""
+
+from .memory_hooks import WEIGHTS, WINDOW, WINDOW_COEFS, WINDOW_STATE, _accumulators, _weight_shapes
+from .memory_spec import ACCUMULATORS, GATE_CHANNELS, MOMENTUM_BUFFERS, STATISTIC
+
+
+def _state_shapes(d_k, d_v):
+    """Every state key with the [rows, cols] of its tensor (after the [B, H] axes)."""
+    out = {}
+    for name, shape in zip(WEIGHTS, _weight_shapes(d_k, d_v)):
+        out[name] = shape
+        if ACCUMULATORS:
+            out["A_" + name] = shape
+        if MOMENTUM_BUFFERS:
+            out["S_" + name] = shape
+    if STATISTIC:
+        out["A"] = (d_k,)  # the preconditioner's statistic a, one number per key channel
+    widths = {"k": d_k, "v": d_v, **{n: 1 for n in WINDOW_COEFS}}
+    widths.update({n: d_k if side == "k" else d_v for n, side in GATE_CHANNELS.items() if n in WINDOW_COEFS})
+    for name in WINDOW_STATE:
+        out[name] = (WINDOW - 1, widths[name[len("win_"):]])
+    return out
+
+
+def _start(state):
+    """Carry of the recurrence: weights W, retention accumulators Y, momentum S, chunk anchor, the Omega window (the
+    last WINDOW − 1 tokens' keys, values, weights γ and the coefficients their losses read)."""
+    W = [state[n] for n in WEIGHTS]
+    S = [state["S_" + n] for n in WEIGHTS] if MOMENTUM_BUFFERS else None
+    win = {n[len("win_"):]: state[n] for n in WINDOW_STATE} if WINDOW_STATE else None
+    return {"W": W, "Y": _accumulators(W, state), "S": S, "anchor": W, "t": 0, "win": win}
+
+
+def _finish(carry):
+    """The state a call returns, from the recurrence's carry."""
+    out = dict(zip(WEIGHTS, carry["W"]))
+    if ACCUMULATORS:
+        out.update({"A_" + n: y for n, y in zip(WEIGHTS, carry["Y"])})
+    if MOMENTUM_BUFFERS:
+        out.update({"S_" + n: s for n, s in zip(WEIGHTS, carry["S"])})
+    if WINDOW_STATE:
+        out.update({"win_" + n: x for n, x in carry["win"].items()})
+    return out
