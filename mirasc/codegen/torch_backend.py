@@ -279,7 +279,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs.update(_memory_ops(spec, flags))
     subs["SEGMENTS"] = runtime_source("segments")
-    subs["MEMORY_STATE"] = runtime_functions("memory_state", ["_state_shapes", "_start", "_finish"])
+    subs["MEMORY_STATE"] = runtime_functions("memory_state", ["_state_shapes", "_start", "_finish",
+                                                              "_initial_weights"])
     subs["CHANNEL_DECAY"] = runtime_source("channel_decay")
     subs["PACKING"] = runtime_source("packing")
     forms = (("chunk_delta", "_delta_chunks"), ("chunk_momentum_delta", "_momentum_delta_chunks"),
@@ -508,6 +509,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ACCUMULATORS": repr(r.keeps_accumulator),
         "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
+        "WEIGHT_INIT": "softmax" if d.positive_domain else "zeros" if spec.memory.kind == "linear" else "normal",
         "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
         "PRECOND": "None",

@@ -28,6 +28,8 @@ PACKED = False
 ACCUMULATORS = True
 MOMENTUM_BUFFERS = True
 STATISTIC = False
+WEIGHT_INIT = "normal"  # a weight's default initial value: "zeros", "normal" or "softmax"
+POSITIVE_SCALE = 1.0  # (the sum of each row of "softmax")
 EXTRAS = ()  # key inputs besides q, k (κ of l2(read=kappa | erase=kappa)): apply(..., extras={name: tensor})
 # The Layer's (mirasc.runtime.layer): the spec's layer block over the family defaults, each option's type and range
 # (mirasc.language.layer_options), how learned initial weights are kept positive ("softmax", "exp" or None) and the

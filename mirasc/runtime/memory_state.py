@@ -2,11 +2,16 @@
 torch_backend; docs/module-api.md, "init_state"): the tensors it holds beside the weights, and the carry of the token
 recurrence built from it and returned as it. What a spec keeps is the module's constants (ACCUMULATORS,
 MOMENTUM_BUFFERS, STATISTIC, the Omega window's WINDOW, WINDOW_COEFS, WINDOW_STATE); the retention's accumulators at
-the start of a recurrence are its printed `_accumulators` (mirasc.runtime.memory_spec and memory_hooks have
+the start of a recurrence are its printed `_accumulators`, and `_init_memory_state` starts each weight with
+`_initial_weights` (mirasc.runtime.memory_spec and memory_hooks have
 examples)."""
 
+import math
+
+import torch
+
 from .memory_hooks import WEIGHTS, WINDOW, WINDOW_COEFS, WINDOW_STATE, _accumulators, _weight_shapes
-from .memory_spec import ACCUMULATORS, GATE_CHANNELS, MOMENTUM_BUFFERS, STATISTIC
+from .memory_spec import ACCUMULATORS, GATE_CHANNELS, MOMENTUM_BUFFERS, POSITIVE_SCALE, STATISTIC, WEIGHT_INIT
 
 
 def _state_shapes(d_k, d_v):
@@ -46,3 +51,16 @@ def _finish(carry):
     if WINDOW_STATE:
         out.update({"win_" + n: x for n, x in carry["win"].items()})
     return out
+
+
+def _initial_weights(batch, heads, rows, cols, generator):
+    """A weight's default initial value [batch, heads, rows, cols] in float64, by WEIGHT_INIT: "zeros" (a linear
+    memory: an empty memory), "normal" (N(0, 1/cols)) or "softmax" (a retention that keeps W > 0: rows
+    POSITIVE_SCALE·softmax(3·N(0, 1)); a row near uniform averages its input, so an MLP memory of such layers returns
+    almost the same value on every channel and its LayerNorm divides by that spread, docs/training.md)."""
+    if WEIGHT_INIT == "zeros":
+        return torch.zeros(batch, heads, rows, cols, dtype=torch.float64)
+    x = torch.randn(batch, heads, rows, cols, generator=generator, dtype=torch.float64)
+    if WEIGHT_INIT == "softmax":
+        return torch.softmax(3.0 * x, dim=-1) * POSITIVE_SCALE
+    return x / math.sqrt(cols)
