@@ -101,7 +101,7 @@ def chunk_kernels_source(family: str, flags: dict[str, bool]) -> str:
 
 
 # the host functions of a family's path, by their module under mirasc/runtime/ (copied in this order)
-FIT = ("_TUNED", "FIT_SMEM_LIMIT", "_chunk_fit_limit", "_chunk_fit_error", "_chunk_tile", "_check_chunk_fits",
+FIT = ("_CHUNK_TUNED", "FIT_SMEM_LIMIT", "_chunk_fit_limit", "_chunk_fit_error", "_chunk_tile", "_check_chunk_fits",
        "_chunk_launch_sizes", "_chunk_fit_reason", "_chunk_plan", "_launch_prec", "_tile_rows")
 LAUNCH = ("_chunk_kernel", "_CHUNK_AUTOTUNE", "_CHUNK_LAUNCHED", "_sub_blocks", "_sub", "_out_dtype", "_o_dtype",
           "_o_written", "_layout", "_read_exponents")

@@ -68,7 +68,7 @@ def _output_scores(q, k, g, chunk, prec, tf):
     return q.new_empty(0)
 
 
-_TUNED = {}  # (kernel, sizes, device) -> the autotuned kernel
+_CHUNK_TUNED = {}  # (kernel, sizes, device) -> the autotuned kernel
 
 
 def _chunk_kernel(kernel, x, Dk, Dv, BT, prec):
@@ -85,14 +85,14 @@ def _chunk_kernel(kernel, x, Dk, Dv, BT, prec):
                             "BC": _scan_rows(BT, two_k, CH_DECAY, prec)[0]}
         return kernel, {"BV": 16, "BK": 16}
     key = (name, Dk, Dv, BT, prec, x.device.index)
-    if key not in _TUNED:
+    if key not in _CHUNK_TUNED:
         limit = _device_smem_limit(x.device)
         configs = _chunk_configs(name, Dk, Dv, BT, limit, prec, CH_DECAY)
         if not configs:  # (_chunked_triton refuses such sizes before its first launch; this guards direct calls)
             raise RuntimeError(_chunk_fit_error(Dk, Dv, BT, prec, limit))
         keys = ["Nk", "Nv", "BT"] + (["HAS_WK"] if "HAS_WK" in kernel.arg_names else [])
-        _TUNED[key] = triton.autotune(configs=configs, key=keys)(kernel)
-    return _TUNED[key], {}
+        _CHUNK_TUNED[key] = triton.autotune(configs=configs, key=keys)(kernel)
+    return _CHUNK_TUNED[key], {}
 
 
 # kernel name -> its autotuning space at a launch's arguments (read by `mirasc kernels` and launch_plan)

@@ -7,7 +7,16 @@ the scan stored."""
 import torch
 import triton
 
-from .chunk_host import _TUNED, DECAY, OP_ID, PRE_DECAY, _check_chunk_fits, _chunk_fit_error, _launch_prec, _tile_rows
+from .chunk_host import (
+    _CHUNK_TUNED,
+    DECAY,
+    OP_ID,
+    PRE_DECAY,
+    _check_chunk_fits,
+    _chunk_fit_error,
+    _launch_prec,
+    _tile_rows,
+)
 from .chunk_space import SUB
 from .custom_ops import _register_op
 from .gpu_limits import _device_smem_limit
@@ -34,12 +43,12 @@ def _mom_kernel(kernel, x, Dk, Dv, BT, prec):
     if x.device.type == "cpu":
         return kernel, {"BV": 16}
     key = (kernel.fn.__name__, Dk, Dv, BT, prec, x.device.index)
-    if key not in _TUNED:
+    if key not in _CHUNK_TUNED:
         configs = _mom_configs(Dk, Dv, prec)
         if not configs:  # (never at a tile of 16 rows of V; the same guard as _chunk_kernel's)
             raise RuntimeError(_chunk_fit_error(Dk, Dv, BT, prec, _device_smem_limit(x.device)))
-        _TUNED[key] = triton.autotune(configs=configs, key=["Nk", "Nv", "BT"])(kernel)
-    return _TUNED[key], {}
+        _CHUNK_TUNED[key] = triton.autotune(configs=configs, key=["Nk", "Nv", "BT"])(kernel)
+    return _CHUNK_TUNED[key], {}
 
 
 # kernel name -> its autotuning space at a launch's arguments (read by `mirasc kernels` and launch_plan); the

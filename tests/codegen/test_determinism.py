@@ -209,6 +209,29 @@ def test_emitted_source_imports_only_torch(path):
     assert "torch" in imported
 
 
+@pytest.mark.parametrize("path", SPEC_PATHS, ids=SPEC_IDS)
+def test_emitted_source_binds_each_module_name_once(path):
+    """Every top-level function, class and constant of an emitted file (its Triton block's included) is bound once: two
+    runtime pieces of one name would leave the first dead, and what reads it would read the second."""
+    import ast
+    from collections import Counter
+
+    source = compile_text(path.read_text(encoding="utf-8"), str(path)).source
+    bound = Counter()
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                bound[node.name] += 1
+            elif isinstance(node, ast.Assign):
+                bound.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.If):
+                visit(node.body)
+
+    visit(ast.parse(source).body)
+    assert not [name for name, n in bound.items() if n > 1]
+
+
 # ------------------------------------------------------------------------------------------ --dump-ir
 IR_LINE = re.compile(r"^  %(\d+) (\w+) = (\w+)(\[.*\])?\(((?:%\d+)(?:, %\d+)*)?\)(    # fused group \d+)?$")
 
