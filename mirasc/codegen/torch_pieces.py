@@ -201,7 +201,8 @@ def _memory_ops(flags: dict[str, bool]) -> dict[str, str]:
     layout), and the preconditioned learner's pieces."""
     reads = ["_dense", "_per_token"] + (["_layernorm", "_layernorm_backward"] if flags["layernorm"] else [])
     steps = (["_newton_schulz"] if flags["muon"] else []) \
-        + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
+        + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_read_tokens",
+                                                                                     "_on_weight"]
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
             "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition",

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from .inputs import _check_dtypes, _check_types
-from .memory_hooks import _apply_memory, _coefficients, _init_memory_state, _start, _state_shapes, _token_step
-from .memory_ops import _token_coefs
+from .memory_hooks import _apply_memory, _coefficients, _init_memory_state, _start, _state_shapes
+from .memory_ops import _read_tokens
 
 FEATURE = "elu1"  # the feature map φ: "identity", "elu1", "taylor" (Based) or "hedgehog"
 NORMALIZE = True  # the normaliser: o_t = W_t φ(q_t) / (z_t·φ(q_t) + NORM_EPS)
@@ -144,9 +144,7 @@ def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
     q, k = _features(q, feature_params), _features(k, feature_params)
     if NORMALIZE:
         v = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the normaliser's value 1
-    c = _coefficients(gates, q, v.shape[-1])
-    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
-    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, None)
+    carry, o_t = _read_tokens(cache["carry"], q, k, v, _coefficients(gates, q, v.shape[-1]), None)
     if NORMALIZE:
         o_t = o_t[..., :-1] / (o_t[..., -1:] + NORM_EPS)
     return {"carry": carry}, o_t

@@ -16,8 +16,8 @@ from .layer_gates import _gate_projection, _gate_values, _GateLayout
 from .layer_options import layer_combination_problems, layer_option_problems, layer_size_problems
 from .layer_state import _compute_dtype, _constrained, _keep_rows, _state_dtype, _unconstrained
 from .layer_streams import _conv_weight, _per_step, _streams
-from .memory_hooks import _coefficients, _start, _token_step, apply, init_params, init_state, launch_plan
-from .memory_ops import _token_coefs
+from .memory_hooks import _coefficients, _start, apply, init_params, init_state, launch_plan
+from .memory_ops import _read_tokens
 from .memory_spec import (
     _LAYER_STEPS,
     _POSITIVE,
@@ -231,9 +231,7 @@ def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
     c = _coefficients(gates, q, v.shape[-1])
     if extras:
         c.update(_extra_inputs(extras, q, EXTRAS))
-    params = {n: p.to(q.dtype) for n, p in read_params.items()}
-    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
-    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, params)
+    carry, o_t = _read_tokens(cache["carry"], q, k, v, c, {n: p.to(q.dtype) for n, p in read_params.items()})
     return {"carry": carry}, o_t
 
 

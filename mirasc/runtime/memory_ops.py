@@ -74,6 +74,16 @@ def _token_coefs(c, t0, t1):
     return {name: val[:, :, t0:t1] if val.dim() == 4 else val[:, :, t0:t1, None] for name, val in c.items()}
 
 
+def _read_tokens(carry, q, k, v, c, params):
+    """Layer.step's memory over the n tokens of one Layer token (n = 1; a multi-step learner's STEPS sub-steps): q, k,
+    v [B, n, H, D] in the state's dtype, c their coefficients, params the read's; returns the carry after the last
+    token and its read o_t [B, H, 1, Dv]."""
+    for j in range(q.shape[1]):
+        c_j = {name: val.to(q.dtype) for name, val in _token_coefs(c, j, j + 1).items()}
+        carry, o_t = _token_step(carry, *(t[:, j:j + 1].transpose(1, 2) for t in (q, k, v)), c_j, params)
+    return carry, o_t
+
+
 def _on_weight(name, x):
     """A coefficient of one token ([.., 1, 1] or [.., 1, D]) as a factor on a weight [.., Dv, Dk]:
     key channels scale its columns, value channels its rows (docs/semantics.md: channel-wise gates)."""
@@ -145,7 +155,5 @@ def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
     if extras:
         c.update(_extra_inputs(extras, q, EXTRAS))
     c, stat = _precondition(c, k.transpose(1, 2), cache["stat"])
-    params = {n: p.to(q.dtype) for n, p in read_params.items()}
-    c_t = {n: val.to(q.dtype) for n, val in _token_coefs(c, 0, 1).items()}
-    carry, o_t = _token_step(cache["carry"], q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), c_t, params)
+    carry, o_t = _read_tokens(cache["carry"], q, k, v, c, {n: p.to(q.dtype) for n, p in read_params.items()})
     return {"carry": carry, "stat": stat}, o_t

@@ -6,8 +6,8 @@ function are the emitted module's (mirasc.runtime.memory_spec and memory_hooks h
 import torch
 
 from .inputs import _check_dtypes, _check_types, _extra_inputs, _offsets
-from .memory_hooks import _apply_memory, _coefficients, _token_step
-from .memory_ops import _token_coefs
+from .memory_hooks import _apply_memory, _coefficients
+from .memory_ops import _read_tokens
 from .memory_spec import EXTRAS, GATE_CHANNELS, GATES, STEPS
 
 
@@ -88,9 +88,5 @@ def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
     c = _coefficients(gates, q, v.shape[-1])
     if extras:
         c.update(_extra_inputs(extras, q, EXTRAS))
-    params = {n: p.to(q.dtype) for n, p in read_params.items()}
-    carry = cache["carry"]
-    for j in range(STEPS):
-        c_j = {n: val.to(q.dtype) for n, val in _token_coefs(c, j, j + 1).items()}
-        carry, o_t = _token_step(carry, *(t[:, j:j + 1].transpose(1, 2) for t in (q, k, v)), c_j, params)
+    carry, o_t = _read_tokens(cache["carry"], q, k, v, c, {n: p.to(q.dtype) for n, p in read_params.items()})
     return {"carry": carry}, o_t

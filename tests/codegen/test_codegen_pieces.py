@@ -131,7 +131,7 @@ def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
     atlas = compile_text((specs / "atlas.miras").read_text(encoding="utf-8")).source
     precond = compile_text((specs / "precond_gated_deltanet.miras").read_text(encoding="utf-8")).source
     names = [n for n, f in vars(memory_ops).items() if inspect.isfunction(f) and f.__module__ == memory_ops.__name__]
-    assert len(names) == 15
+    assert len(names) == 16
     precond_only = ("_statistic_scan", "_multiplier", "_precondition", "_preconditioned", "_layer_cache",
                     "_layer_read")
     for name in names:
