@@ -57,13 +57,16 @@ PER_HEAD_RANGE = {"eta": ("x >= 0", "a learning rate is >= 0"), "alpha": ("(x >=
                   "rho": ("x >= 0", "a preconditioner statistic's rate is >= 0")}
 
 
-def per_head_source(spec: S.Spec) -> str:
+def per_head_source(spec: S.Spec, none: bool = False) -> str:
     """`_per_head_coefficients(H, device)`: the spec's per-head constants (docs/language.md, "Per-head constants")
     evaluated for H heads, each [H] in float64 and checked against its coefficient's range (the compiler checked
-    H <= 64; a module may run with more heads). Empty text when the spec has none."""
+    H <= 64; a module may run with more heads). Without any: empty text, or with `none` a function that returns
+    none (a parametric memory's coefficients ask for them)."""
     per_head = spec.per_head()
     if not per_head:
-        return ""
+        return "" if not none else ("\n\ndef _per_head_coefficients(H, device):\n    \"\"\"The coefficients that are "
+                                    "constant over tokens with one value per head: none in this spec.\"\"\"\n"
+                                    "    return {}\n")
     printer = TorchPrinter()
     lines = ["", "", "def _per_head_coefficients(H, device):",
              '    """The coefficients that are constant over tokens with one value per head h = 0..H-1, as the spec',
@@ -240,7 +243,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         public = outer.gate_channels()
         subs.update(SPEC=outer.canonical(), GATES=repr(outer.gates), CONSTANTS=repr(dict(sorted(
             _constants(outer).items()))), GATE_CHANNELS=repr({g: side for g, side in public.items() if side}),
-            PER_HEAD=per_head_source(outer), INIT_DOC=_init_doc(outer, d))
+            PER_HEAD=per_head_source(outer, none=True), INIT_DOC=_init_doc(outer, d))
         flags["per_head"] = bool(outer.per_head())
         lrn = outer.learner
         flags.update(precond=True)
@@ -330,7 +333,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "GATE_CHANNELS": repr({g: side for g, side in spec.gate_channels().items() if side}),
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
-        "PER_HEAD": per_head_source(spec),
+        "PER_HEAD": per_head_source(spec, none=True),
         "FEATURE": spec.feature,
         "NORMALIZE": repr(spec.normalized),
         "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",

@@ -96,6 +96,10 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     subs["CHUNK_ENTRY"] = _chunk_entry(spec, flags, subs)
     subs["CHUNK_SECTIONS"] = _chunk_sections(spec, flags, subs)
     subs.update(_memory_api(outer, the_plan))
+    variant = layer_variant(outer)
+    own = runtime_names(variant) if variant else set()  # (a multi-step learner's sub-steps: its own)
+    subs["COEFFICIENTS"] = runtime_functions("coefficients", [n for n in ("_coefficients", "_substep_coefficients")
+                                                              if n not in own])
     return subs
 
 

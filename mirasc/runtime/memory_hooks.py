@@ -63,6 +63,13 @@ def _accumulators(W, state):
     return [state["A_" + n] for n in WEIGHTS] if "A_" + WEIGHTS[0] in state else None
 
 
+def _per_head_coefficients(H, device):
+    """The coefficients constant over tokens with one value per head h = 0..H-1 (the spec's per-head constants, each
+    [H] in float64): here an Omega-rule token weight γ_h = 1 − 2^-(h+1)."""
+    h = torch.arange(H, dtype=torch.float64, device=device)
+    return {"gamma": 1 - 2.0 ** -(h + 1)}
+
+
 def _start(state):
     """The recurrence's carry: weights W, retention accumulators Y, momentum S, the Omega window."""
     W = [state[n] for n in WEIGHTS]

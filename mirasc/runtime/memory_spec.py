@@ -11,6 +11,7 @@ POLY_DEGREE = 2  # p of the memory's polynomial feature map φ_p
 # "Preconditioned learner").
 PRECOND = {"transform": "rms", "eps": 1e-6}
 GATES = ("eta", "alpha")  # the spec's gates: apply(..., gates={name: tensor})
+CONSTANTS = {"theta": 0.5}  # coefficients that are constants in the spec (undeclared: η = 1, α = 1, θ = 0)
 STEPS = 2  # inner gradient steps per token of a multi-step learner
 CHUNKED = True  # whether algorithm="chunked" exists for the spec
 NO_CHUNK_REASON = None  # why it does not (None: it does)

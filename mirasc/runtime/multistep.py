@@ -90,3 +90,13 @@ def _layer_read(cache, q, k, v, gates, extras, read_params, keep=None):
         c.update(_extra_inputs(extras, q, EXTRAS))
     carry, o_t = _read_tokens(cache["carry"], q, k, v, c, {n: p.to(q.dtype) for n, p in read_params.items()})
     return {"carry": carry}, o_t
+
+
+def _substep_coefficients(out, T):
+    """The coefficients of T sub-steps (T counts them here, mirasc.runtime.coefficients): the retention decays once
+    per token, at its first sub-step (α = 1 at the others)."""
+    if "alpha" in out:
+        alpha = out["alpha"]
+        first = torch.arange(T, device=alpha.device) % STEPS == 0
+        out["alpha"] = torch.where(first if alpha.dim() == 3 else first[:, None], alpha, torch.ones_like(alpha))
+    return out
