@@ -244,7 +244,6 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         subs.update(SPEC=outer.canonical(), GATES=repr(outer.gates), CONSTANTS=repr(dict(sorted(
             _constants(outer).items()))), GATE_CHANNELS=repr({g: side for g, side in public.items() if side}),
             PER_HEAD=per_head_source(outer, none=True), INIT_DOC=_init_doc(outer, d))
-        flags["per_head"] = bool(outer.per_head())
         lrn = outer.learner
         flags.update(precond=True)
         subs["STATISTIC"] = "True"
@@ -279,31 +278,20 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     return {
         "minibatch": par.kind == "minibatch",
         "chunked": kind is not None,  # a chunked form exists (CHUNKED; algorithm='chunked' is refused otherwise)
-        "chunk_readout": chunk_readout,
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
         "token_readout": r.mapped and not chunk_readout,
         "pre_decay": r.kind == "decay" and r.order == "pre",
-        "momentum": l.kind == "momentum",
         "muon": l.kind == "muon",
         "has_S": l.momentum_buffer,  # a momentum buffer S_i per weight in the state
         "omega": spec.window > 1,
         "poly_features": bool(spec.poly_degree),
         "chunk_muon": kind == "muon",
         "implicit": l.kind == "implicit",
-        "has_alpha": r.gated,
         "lq": r.kind == "lq", "kl": r.kind == "kl",  # (their constants, LQ_Q and KL_C)
-        "acc_A": r.keeps_accumulator,
         "layernorm": m.layernorm,
-        "residual": m.adds_input,
-        "linear": m.kind == "linear",
-        "per_head": bool(spec.per_head()),
         "composite": spec.composite,
-        "normalize": spec.normalized,
-        "feature_elu1": spec.feature == "elu1",
-        "feature_taylor": spec.feature == "taylor",
         "hedgehog": spec.feature == "hedgehog",
-        "positive": d.positive_domain,
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
         "chunk_momentum_delta": kind == "momentum_delta",
@@ -312,9 +300,6 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "channel_chunks": (kind is not None and spec.channel_gates) or kind == "gdelta",
         "chunk_gdelta": kind == "gdelta",
         "gdelta_write": spec.generalized_delta == "erase",
-        "extras": bool(spec.extras),
-        "channel_k": channel_decay == "k",
-        "channel_alpha_k": spec.gate_channels().get("alpha") == "k",
         "multistep": spec.steps > 1,
         "precond": False,  # (set by emit for a precond learner's public op)
         "channel_k_fast": (channel_decay == "k" and spec.gate_channels().get("alpha") == "k"
