@@ -257,6 +257,8 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["HALF_DOTS"] = the_plan.dots
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
+    # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
+    subs["POSITIVE_WEIGHTS"] = repr(d.positive_domain and not flags["chunk_kl"])
     subs.update(torch_pieces.pieces(outer, spec, flags, the_plan))
     hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
     hooks.update(torch_learner.hooks(torch_learner.for_spec(spec)))
@@ -311,6 +313,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
            constants: dict[str, float]) -> dict[str, str]:
     """The {{SLOT}} texts of the torch template."""
     r, par = spec.retention, spec.parallel
+    window = window_coefficients(spec, grad)  # (what an Omega window token keeps besides k and v)
     return {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
@@ -327,8 +330,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
         "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
         "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
-        "POSITIVE_WEIGHTS": repr(d.positive_domain and not (par.kind == "minibatch" and par.readout == "chunk"
-                                                            and r.kind == "kl")),
         "RESIDUAL": repr(spec.memory.adds_input),
         "ELEMENTWISE": _elementwise(spec, d),
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
@@ -340,9 +341,8 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "CHANNEL_SIDE": channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),
         "WINDOW": str(spec.window),
-        "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
-        "WINDOW_STATE": "(" + ", ".join(f'"win_{n}"' for n in ("k", "v", *window_coefficients(spec, grad))) + ")"
-                        if spec.window > 1 else "()",
+        "WINDOW_COEFS": repr(window),
+        "WINDOW_STATE": "(" + ", ".join(f'"win_{n}"' for n in ("k", "v", *window)) + ")" if spec.window > 1 else "()",
         "ACCUMULATORS": repr(r.keeps_accumulator),
         "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)

@@ -25,11 +25,16 @@ def layer_variant(spec: S.Spec) -> str | None:
     return variants[0] if variants else None
 
 
+def _variant_names(spec: S.Spec) -> set[str]:
+    """The names the spec's variant module defines for itself (none for a plain memory): the hooks whose defaults the
+    module does not carry."""
+    variant = layer_variant(spec)
+    return runtime_names(variant) if variant else set()
+
+
 def default_layer_hooks(spec: S.Spec) -> list[str]:
     """The Layer hooks the spec's module takes from mirasc.runtime.layer (those its variant does not define)."""
-    variant = layer_variant(spec)
-    own = runtime_names(variant) if variant else set()
-    return [h for h in LAYER_HOOKS if h not in own]
+    return [h for h in LAYER_HOOKS if h not in _variant_names(spec)]
 
 
 # The memory's op (mirasc/runtime/memory_api.py), and the run backend='triton' takes with each Triton family
@@ -95,11 +100,10 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     subs.update(_minibatch_chunks(flags))
     subs["CHUNK_ENTRY"] = _chunk_entry(spec, flags, subs)
     subs["CHUNK_SECTIONS"] = _chunk_sections(spec, flags, subs)
-    subs.update(_memory_api(outer, the_plan))
-    variant = layer_variant(outer)
-    own = runtime_names(variant) if variant else set()  # (a multi-step learner's sub-steps: its own)
+    own = _variant_names(outer)
+    subs.update(_memory_api(own, the_plan))
     subs["COEFFICIENTS"] = runtime_functions("coefficients", [n for n in ("_coefficients", "_substep_coefficients")
-                                                              if n not in own])
+                                                              if n not in own])  # (a multi-step learner's: its own)
     return subs
 
 
@@ -121,11 +125,9 @@ def _chunk_sections(spec: S.Spec, flags: dict[str, bool], subs: dict[str, str]) 
     return "".join(f"{section}\n" for section in sections)  # (each on its lines: none leaves no blank line)
 
 
-def _memory_api(spec: S.Spec, the_plan: Plan) -> dict[str, str]:
-    """The op's pieces, less those the spec's variant writes itself (a multi-step learner's or a composite memory's
-    apply, a preconditioned learner's _preconditioned), and its Triton family's run."""
-    variant = layer_variant(spec)
-    own = runtime_names(variant) if variant else set()
+def _memory_api(own: set[str], the_plan: Plan) -> dict[str, str]:
+    """The op's pieces, less those the spec's variant writes itself (`own`: a multi-step learner's or a composite
+    memory's apply, a preconditioned learner's _preconditioned), and its Triton family's run."""
     family = (None if not the_plan.triton else "chunk_readout" if the_plan.chunk_readout
               else "chunk" if the_plan.chunk_family is not None else "minibatch" if the_plan.minibatch
               else "recurrent")

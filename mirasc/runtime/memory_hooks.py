@@ -126,8 +126,9 @@ def _chunked(q, k, v, c, state, chunk):
 
 def _chunk_readout_triton(q, k, v, c, state, chunk, prec="ieee"):
     """readout=chunk on the Triton kernels (a module with a chunk readout has one: its readout's chunk function over
-    its family's kernels, mirasc.runtime.chunk_readouts). The example memory has no chunk readout."""
-    raise NotImplementedError("the example memory has no chunk readout")
+    its family's kernels, mirasc.runtime.chunk_readouts): here the example memory's chunk form, since it reads its
+    weights as they are and so reads the same at chunk boundaries as at every token."""
+    return _chunked(q, k, v, c, state, chunk)
 
 
 def _coefficients(gates, like, d_v=None):
