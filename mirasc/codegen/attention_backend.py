@@ -5,17 +5,15 @@ tying and temporal encoding, Multi-Token Attention; a flash-style Triton kernel 
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 from ..derive import Derivation
 from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
-from .directives import preprocess
+from .slots import TEMPLATES, fill_lines, section
 from .standalone import kernels_source, runtime_functions, runtime_source
 from .torch_backend import layer_source, per_head_source
 
-TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
 STICKBREAKING = (TEMPLATES / "stickbreaking_triton.py.tmpl").read_text()
@@ -82,9 +80,11 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
             list(FLASH_HOST) if m.kernel == "softmax" else [])),
         "STICKBREAKING_HOST": runtime_functions("stickbreaking_host", list(STICKBREAKING_HOST)),
     }
-    body = preprocess(TEMPLATE, {"per_head": bool(spec.per_head())})
+    body = fill_lines(TEMPLATE, {"PER_HEAD_DECAY": section("per_head_decay") if spec.per_head() else []})
     if has_triton:
-        body += preprocess(TRITON, {"softmax": m.kernel == "softmax"})
+        softmax = m.kernel == "softmax"
+        body += fill_lines(TRITON, {"READ_NOTE": section("flash_note" if softmax else "stickbreaking_note"),
+                                    "FLASH_SPACE": subs.pop("FLASH_SPACE").split("\n") + ["", ""] if softmax else []})
         if m.kernel == "stickbreaking":
             body += STICKBREAKING
     for key, val in subs.items():

@@ -1,12 +1,10 @@
 """The module assembler of a parametric memory: fills the hand-written skeleton (templates/torch_module.py.tmpl)
-with code printed from the derivation and the IR, keeps the skeleton sections the spec needs (the line directives
-of directives.py; `{{NAME}}` is substituted), and appends the Triton sections the Plan (mirasc/plan.py) names and
-the Layer. Nothing in the output imports mirasc.
+with code printed from the derivation and the IR, the runtime pieces the spec and its Plan (mirasc/plan.py) name
+(torch_pieces), the header constants and optional sections of the spec's choices (its slots: mirasc.codegen.slots),
+and appends the Triton sections the Plan names and the Layer. Nothing in the output imports mirasc.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import sympy as sp
 
@@ -18,11 +16,31 @@ from ..language import spec as S
 from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import torch_learner, torch_pieces, torch_retention, triton_backend, triton_minibatch
-from .directives import fill_lines, preprocess
+from .slots import TEMPLATES, fill_lines, section
 from .standalone import runtime_functions, runtime_source
 
-TEMPLATE = (Path(__file__).parent / "templates" / "torch_module.py.tmpl").read_text()
-LAYER = (Path(__file__).parent / "templates" / "layer.py.tmpl").read_text()
+TEMPLATE = (TEMPLATES / "torch_module.py.tmpl").read_text()
+LAYER = (TEMPLATES / "layer.py.tmpl").read_text()
+# The template's optional sections: the flag that keeps each, the line it fills and its file in templates/sections/
+SECTIONS = (("precond", "PRECOND_SECTION", "precond"),
+            ("chunk_readout_triton", "CHUNK_READOUT_SECTION", "chunk_readout"),
+            ("multistep", "VARIANT_SECTION", "multistep"), ("composite", "VARIANT_SECTION", "composite"))
+# The header's constants that only some choices have: the flag that keeps each, and its lines
+CHOICES = (
+    ("multistep", "# Inner gradient steps per token (a multi-step learner): k, v, η and the EXTRAS come STEPS per "
+                  "token\n# ([B, T, H, STEPS, ...]); the memory runs them as T·STEPS sub-steps, the retention's α at "
+                  "each token's first\n# sub-step only, and reads the query after the last (see `substeps`).\n"
+                  "STEPS = {{STEPS}}"),
+    ("triton", 'HALF_DOTS = "{{HALF_DOTS}}"  # schedule: how fp16/bf16 inputs\' Triton dots multiply (see '
+               "_dot_precision)"),
+    ("channel_minibatch", 'CHANNEL_SIDE = "{{CHANNEL_SIDE}}"  # the weight side the channel-wise decays scale: "k" '
+                          'columns, "v" rows'),
+    ("kl", "KL_C = {{KL_C}}  # kl's c: each row of the weights sums to c"),
+    ("muon", "NS_STEPS = {{NS_STEPS}}  # Newton–Schulz iterations of muon's orthogonalisation\n"
+             "NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)"),
+    ("poly_features", "POLY_DEGREE = {{POLY_DEGREE}}  # p of the memory's polynomial feature map φ_p"),
+    ("lq", "LQ_Q = {{LQ_Q}}  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"),
+)
 
 
 def layer_source(spec: S.Spec, d: D.Derivation) -> str:
@@ -260,9 +278,11 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
     subs["POSITIVE_WEIGHTS"] = repr(d.positive_domain and not flags["chunk_kl"])
     subs.update(torch_pieces.pieces(outer, spec, flags, the_plan))
-    hooks = torch_retention.hooks(torch_retention.for_spec(spec, d.entrywise is not None))
-    hooks.update(torch_learner.hooks(torch_learner.for_spec(spec)))
-    body = fill_lines(preprocess(TEMPLATE, flags), hooks).replace("{{CHUNK_SECTIONS}}\n", subs.pop("CHUNK_SECTIONS"))
+    retention = torch_retention.for_spec(spec, d.entrywise is not None)
+    hooks = torch_retention.hooks(retention)
+    subs["UPDATE_RULE"] = torch_retention.step_functions(retention, torch_learner.for_spec(spec))
+    hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS")))
+    body = fill_lines(TEMPLATE, hooks)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
     if "{{" in body:
@@ -272,8 +292,27 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
             the_plan)
 
 
+def _line_slots(flags: dict[str, bool], chunk_sections: str) -> dict[str, list[str]]:
+    """The template's slots that are whole lines, or none: the imports, the header's constants of the spec's choices,
+    the optional sections, the torch chunked algorithm's sections and the Triton kernels' names (or why there are
+    none)."""
+    slots = {"IMPORTS": ["import functools"] if flags["chunked"] else [],
+             "CHOICES": [line for flag, text in CHOICES if flags[flag] for line in text.split("\n")],
+             "CHUNK_SECTIONS": chunk_sections.split("\n")[:-1],
+             "TRITON_NAMES": ["_triton_kernels = {{KERNEL_PLAN}}  # launch_plan's kernels on a GPU"] if flags["triton"]
+             else ['NO_TRITON_REASON = "{{NO_TRITON_REASON}}"',
+                   "# (no Triton kernel: this module imports no triton, and the route refuses backend='triton' before "
+                   "these are read)", "triton = _triton_kernels = _dot_precision = None"]}
+    for flag, slot, name in SECTIONS:
+        slots.setdefault(slot, [])
+        if flags[flag]:
+            slots[slot] = section(name)
+    return slots
+
+
 def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
-    """The `# @if` flags of the torch template (the Triton ones are added by _triton_sections)."""
+    """The choices that decide which pieces, sections and header constants the module carries (the Triton ones are
+    added from the Plan by _triton_flags)."""
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     channel_decay = channel_decay_side(spec)
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # docs/semantics.md: chunk readouts (lq or kl)
@@ -331,6 +370,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
         "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
         "RESIDUAL": repr(spec.memory.adds_input),
+        "ERASE_WRITE": repr(spec.generalized_delta == "erase"),
         "ELEMENTWISE": _elementwise(spec, d),
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
         "INIT_DOC": _init_doc(spec, d),

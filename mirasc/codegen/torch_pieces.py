@@ -19,7 +19,7 @@ def layer_variant(spec: S.Spec) -> str | None:
     """The runtime module whose Layer hooks the spec's module carries (None: the plain memory's). The language
     rejects every pair of these variants (mirasc.language.legality), so at most one applies."""
     variants = [name for name, on in (("nonparametric", not spec.parametric), ("multistep", spec.steps > 1),
-                                      ("composite", spec.composite), ("memory_ops", spec.precond)) if on]
+                                      ("composite", spec.composite), ("precond", spec.precond)) if on]
     if len(variants) > 1:
         raise AssertionError(f"the Layer's hooks of {' and '.join(variants)} in one module (a missing legality rule)")
     return variants[0] if variants else None
@@ -39,7 +39,7 @@ def default_layer_hooks(spec: S.Spec) -> list[str]:
 
 # The memory's op (mirasc/runtime/memory_api.py), and the run backend='triton' takes with each Triton family
 MEMORY_API = ("_packed_on_chunk_kernels", "_packed_padded_apply", "_apply_memory", "apply", "init_state",
-              "_initial_state", "_preconditioned")
+              "init_params", "_initial_state", "_preconditioned")
 TRITON_RUNS = {"chunk_readout": "_run_chunk_readout", "chunk": "_run_chunk_kernels",
                "minibatch": "_run_minibatch_kernels", "recurrent": "_run_recurrent_kernel"}
 RULE = "# " + "-" * 94
@@ -101,6 +101,8 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     subs["CHUNK_ENTRY"] = _chunk_entry(spec, flags, subs)
     subs["CHUNK_SECTIONS"] = _chunk_sections(spec, flags, subs)
     own = _variant_names(outer)
+    if not flags["hedgehog"]:  # (a composite memory carries an init_params of its own for a Hedgehog feature map only)
+        own = own - {"init_params"}
     subs.update(_memory_api(own, the_plan))
     subs["COEFFICIENTS"] = runtime_functions("coefficients", [n for n in ("_coefficients", "_substep_coefficients")
                                                               if n not in own])  # (a multi-step learner's: its own)
@@ -202,14 +204,15 @@ def _chunk_entry(spec: S.Spec, flags: dict[str, bool], subs: dict[str, str]) -> 
 
 
 def _memory_ops(flags: dict[str, bool]) -> dict[str, str]:
-    """The pieces of mirasc/runtime/memory_ops.py the module needs, for its three slots: how weights are applied (and
-    an MLP's LayerNorm), the token-step helpers (muon's Newton–Schulz, the polynomial features, the coefficients'
-    layout), and the preconditioned learner's pieces."""
+    """The pieces of mirasc/runtime/memory_ops.py the module needs, for their two slots: how weights are applied (and
+    an MLP's LayerNorm), and the token step's helpers (muon's Newton–Schulz, the polynomial features, the coefficients'
+    layout); the token recurrence (mirasc/runtime/token_step.py); the preconditioned learner (precond.py)."""
     reads = ["_dense", "_per_token"] + (["_layernorm", "_layernorm_backward"] if flags["layernorm"] else [])
     steps = (["_newton_schulz"] if flags["muon"] else []) \
-        + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_read_tokens",
-                                                                                     "_on_weight"]
+        + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
+    token_step = ["_per_row", "_window_factors", "_token_step", "_recurrent", "_read_tokens"] + (
+        ["_kl_step", "_lag_step"] if flags["chunk_kl"] else [])  # (a chunk readout's lag token: kl's)
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
-            "PRECONDITIONER": runtime_functions("memory_ops", ["_statistic_scan", "_multiplier", "_precondition",
-                                                                  "_preconditioned", "_layer_cache", "_layer_read"])}
+            "TOKEN_STEP": runtime_functions("token_step", token_step),
+            "PRECONDITIONER": runtime_source("precond")}

@@ -1,30 +1,35 @@
 """A retention's part of the torch module's token recurrence (docs/semantics.md, step 4), one printer per way a
 retention turns the learner's update U into the next weights, as codegen/triton_retention.py is for the fused Triton
-kernels. Each printer fills the torch template's retention hooks (lines, unindented; the hook's line gives the
-indentation):
+kernels. Each printer gives lines (unindented) for the module's functions and the torch template's retention hooks:
 
 - `functions`: the module-level helpers it reads (the readout R of an accumulator, `_readout`; lq's norm);
-- `start`: the accumulators Y at the start of a recurrence (`_start`; Y = None where there are none);
-- `chunk_start`: at the first token of a mini-batch, before its anchor is taken (a chunk readout's normaliser);
-- `before_gradient`: a per-token step, before the gradient is taken (decay with order=pre);
-- `copy`: before the per-weight loop, where the step writes the accumulators;
-- `step`: inside the per-weight loop, from `update` (U of weight i) to W[i] (and Y[i]);
-- `after_step`: after the loop (a chunk readout's anchor);
+- `start`: the accumulators Y at the start of a recurrence (the body of `_accumulators`; Y = None where there are none);
+- `before_gradient`: the body of `_before_gradient(W, carry, c, first)`, the weights a token's gradient and step start
+  from (decay first under order=pre; a chunk readout's frozen normaliser at a mini-batch's first token);
+- `retain`: the body of `_retain(W, Y, updates, c, carry, first)`, from the updates U to the next weights W (and the
+  accumulators Y), which mirasc.runtime.token_step calls once per token;
 - `initial_accumulator`: in init_state, turning the drawn weights `w` into the accumulator stored as A_<name>.
 
 `for_spec` picks the printer for a spec; the facts it reads are the retention's (language/retention.py) and whether
-the parallel form reads the weights at chunk ends (docs/semantics.md: chunk readouts).
+the parallel form reads the weights at chunk ends (docs/semantics.md: chunk readouts). `step_functions` prints the
+token step's three functions, the learner's (codegen/torch_learner.py) with the retention's two.
 """
 
 from __future__ import annotations
 
-from ..language import spec as S
+import textwrap
 
-ALPHA = '_on_weight("alpha", c_t["alpha"])'  # α_t as a factor of one weight (per head, or per row/column channel)
+from ..language import spec as S
+from .torch_learner import GD
+
+ALPHA = '_on_weight("alpha", c["alpha"])'  # α_t as a factor of one weight (per head, or per row/column channel)
+FIRST = "torch.is_tensor(first) or first"  # the token starts a mini-batch (in one row of the batch at least)
 
 
 class Plain:
     """The weights are the state, W_t = W_{t−1} + U_t (retention none)."""
+
+    doc = "none: W_t = W_{t−1} + U_t."
 
     def __init__(self, spec: S.Spec):
         self.r = spec.retention
@@ -33,30 +38,46 @@ class Plain:
         return []
 
     # the hooks a retention without a map leaves empty (a subclass overrides the ones it fills)
-    functions = chunk_start = before_gradient = copy = after_step = initial_accumulator = _nothing
+    functions = initial_accumulator = _nothing
 
     def start(self) -> list[str]:
         return ["Y = None"]
 
-    def step(self) -> list[str]:
-        return ["W[i] = W[i] + update"]
+    def before_gradient(self) -> list[str]:
+        return ["return W"]
+
+    def retain(self) -> list[str]:
+        return ["return [w + update for w, update in zip(W, updates)], Y"]
 
 
 class Decay(Plain):
     """W_t = α_t W_{t−1} + U_t (order=post), or the gradient taken at α_t W_{t−1} and U_t added there (order=pre)."""
 
+    @property
+    def doc(self) -> str:
+        if self.r.order == "pre":
+            return "decay, order=pre: the gradient is taken at α_t W_{t−1} and W_t = α_t W_{t−1} + U_t."
+        return "decay: W_t = α_t W_{t−1} + U_t."
+
     def before_gradient(self) -> list[str]:
         if self.r.order == "pre":
-            return [f"W = [{ALPHA} * w for w in W]  # order=pre: decay first, take the gradient there"]
-        return []
+            return ["# order=pre: decay first, take the gradient there", f"return [{ALPHA} * w for w in W]"]
+        return super().before_gradient()
 
-    def step(self) -> list[str]:
-        return super().step() if self.r.order == "pre" else [f"W[i] = {ALPHA} * W[i] + update"]
+    def retain(self) -> list[str]:
+        if self.r.order == "pre":
+            return super().retain()
+        return [f"return [{ALPHA} * w + update for w, update in zip(W, updates)], Y"]
 
 
 class Mapped(Plain):
     """W = R(Y): the accumulator Y_t = α_t Y_{t−1} + U_t (Bregman: φ'(W_{t−1}) + U_t, no α) and its readout at every
     token. Y is carried as A_<name> where R cannot be inverted (`keeps_accumulator`), else recomputed from W."""
+
+    @property
+    def doc(self) -> str:
+        alpha = "α_t Y_{t−1}" if self.r.gated else "Y_{t−1}"
+        return f"{self.r.kind}: the accumulator Y_t = {alpha} + U_t, read as the weights W_t = R(Y_t) (_readout)."
 
     def functions(self) -> list[str]:
         return ["", "", "def _readout(acc):",
@@ -76,12 +97,9 @@ class Mapped(Plain):
         """The accumulator recomputed from weights `w` (a retention that does not keep it)."""
         raise NotImplementedError
 
-    def copy(self) -> list[str]:
-        return ["Y = list(Y)"]
-
-    def step(self) -> list[str]:
+    def retain(self) -> list[str]:
         alpha = f"{ALPHA} * " if self.r.gated else ""
-        return [f"Y[i] = {alpha}Y[i] + update", "W[i] = _readout(Y[i])"]
+        return [f"Y = [{alpha}y + update for y, update in zip(Y, updates)]", "return [_readout(y) for y in Y], Y"]
 
     def initial_accumulator(self) -> list[str]:
         if not self.r.keeps_accumulator:
@@ -146,43 +164,48 @@ class ChunkLq(Lq):
     """readout=chunk (docs/semantics.md: chunk readouts): the normaliser n_c is taken from the accumulator at each
     chunk's first token and frozen for the chunk, W = A / n_c."""
 
-    def chunk_start(self) -> list[str]:
-        return ["# readout=chunk (docs/semantics.md: chunk readouts): re-normalise from the accumulator once per "
+    doc = ("lq, readout=chunk: the accumulator Y_t = α_t Y_{t−1} + U_t, read as W_t = Y_t / n_c with the chunk's "
+           "frozen normaliser.")
+
+    def before_gradient(self) -> list[str]:
+        return [f"if not ({FIRST}):",
+                "    return W",
+                "# readout=chunk (docs/semantics.md: chunk readouts): re-normalise from the accumulator once per "
                 "chunk, W_{s-1} := A_{s-1} / n_c;",
                 "# every read of the chunk uses this frozen normaliser n_c",
-                "norm = [_lq_norm(y) for y in Y]",
+                'norm = [_lq_norm(y) for y in carry["Y"]]',
                 'carry["norm"] = [_per_row(first, n, old) for n, old in zip(norm, carry.get("norm", norm))]',
-                "W = [_per_row(first, y / n, w) for y, n, w in zip(Y, carry[\"norm\"], W)]"]
+                'return [_per_row(first, y / n, w) for y, n, w in zip(carry["Y"], carry["norm"], W)]']
 
-    def step(self) -> list[str]:
-        return [f"Y[i] = {ALPHA} * Y[i] + update",
-                'W[i] = Y[i] / carry["norm"][i]  # the chunk\'s frozen normaliser']
+    def retain(self) -> list[str]:
+        return [f"Y = [{ALPHA} * y + update for y, update in zip(Y, updates)]",
+                'return [y / n for y, n in zip(Y, carry["norm"])], Y  # the chunk\'s frozen normaliser']
 
 
 class ChunkKL(KL):
     """readout=chunk (docs/semantics.md: chunk readouts): the chunk's first token (the lag token) takes the full step
     from log W̃, W̃ = max(W, 1e-12); the later tokens a plain decay step in weight space, their gradients at W_s."""
 
+    doc = ("kl, readout=chunk: a chunk's first token takes kl's full step (_kl_step), the later ones a decay step "
+           "in weight space.")
+
     def start(self) -> list[str]:
         return ["Y = None  # readout=chunk: the state stays in weight space (log W̃ is taken at each chunk's first "
                 "token)"]
 
-    copy = Plain._nothing  # (the state stays in weight space: no accumulators to copy)
-
-    def step(self) -> list[str]:
-        return ["lag = plain = None",
-                "if torch.is_tensor(first) or first:  # Memora's lag token: the full step from log W̃_{s-1}, "
-                "W̃ = max(W, 1e-12)",
-                "    log_w = torch.log(W[i].clamp_min(1e-12))",
-                f"    lag = KL_C * torch.softmax({ALPHA} * log_w + update, dim=-1)",
-                "if torch.is_tensor(first) or not first:  # later tokens of the chunk: a plain decay step, gradient "
-                "at W_s",
-                f"    plain = {ALPHA} * W[i] + update",
-                "W[i] = plain if lag is None else lag if plain is None else _per_row(first, lag, plain)"]
-
-    def after_step(self) -> list[str]:
-        return ["if torch.is_tensor(first) or first:  # W_s anchors the gradients of the chunk's later tokens",
-                '    carry["anchor"] = tuple(_per_row(first, w, a) for w, a in zip(W, carry["anchor"]))']
+    def retain(self) -> list[str]:
+        return ["out = []",
+                "for w, update in zip(W, updates):",
+                "    lag = plain = None",
+                f"    if {FIRST}:  # Memora's lag token: the full step from log W̃_{{s-1}}, W̃ = max(W, 1e-12)",
+                f"        lag = _kl_step(w, update, {ALPHA})",
+                "    if torch.is_tensor(first) or not first:  # later tokens of the chunk: a plain decay step, "
+                "gradient at W_s",
+                f"        plain = {ALPHA} * w + update",
+                "    out.append(plain if lag is None else lag if plain is None else _per_row(first, lag, plain))",
+                f"if {FIRST}:  # W_s anchors the gradients of the chunk's later tokens",
+                '    carry["anchor"] = tuple(_per_row(first, w, a) for w, a in zip(out, carry["anchor"]))',
+                "return out, Y"]
 
 
 def for_spec(spec: S.Spec, entrywise: bool) -> Plain:
@@ -199,6 +222,23 @@ def for_spec(spec: S.Spec, entrywise: bool) -> Plain:
 
 def hooks(printer: Plain) -> dict[str, list[str]]:
     """The template's retention hooks, RETENTION_<NAME>, and their lines."""
-    names = ("functions", "start", "chunk_start", "before_gradient", "copy", "step", "after_step",
-             "initial_accumulator")
+    names = ("functions", "start", "initial_accumulator")
     return {f"RETENTION_{n.upper()}": getattr(printer, n)() for n in names}
+
+
+def step_functions(printer: Plain, learner: GD) -> str:
+    """The token step's functions the spec prints (mirasc.runtime.token_step calls them): the learner's `_learn`, the
+    retention's `_before_gradient` and `_retain`."""
+    functions = (("_learn(grads, S, c)", f"The learner (docs/semantics.md, step 3), {learner.doc}", learner.learn()),
+                 ("_before_gradient(W, carry, c, first)",
+                  "The weights the token's gradient and step start from (docs/semantics.md, step 4).",
+                  printer.before_gradient()),
+                 ("_retain(W, Y, updates, c, carry, first)",
+                  f"The retention (docs/semantics.md, step 4), {printer.doc}", printer.retain()))
+    return "\n\n\n".join("\n".join([f"def {head}:", *_docstring(doc), *(f"    {line}" for line in lines)])
+                          for head, doc, lines in functions)
+
+
+def _docstring(doc: str) -> list[str]:
+    """A function's docstring, wrapped at 120 columns."""
+    return textwrap.wrap(f'"""{doc}"""', 116, initial_indent="    ", subsequent_indent="    ", break_long_words=False)

@@ -53,7 +53,6 @@ from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
-from .directives import preprocess
 from .standalone import runtime_source
 from .triton_chunked import emit_chunked  # noqa: F401 (the chunked families' entry point)
 from .triton_printing import Unsupported
@@ -116,12 +115,14 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         "V_TILES": repr(not no_v_tiles), "V_TILE_REASON": no_v_tiles,
         "TILES_FWD": str(live_tiles(spec, False)), "TILES_BWD": str(live_tiles(spec, True)),
         "TRITON_FEATURES": repr(features),
+        "FEATURE_INPUTS": "_poly_features(q), _poly_features(k)" if features else "q, k",
+        "FEATURE_KEY_WIDTH": "_feature_width(Dk)" if features else "Dk",
         "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "RECURRENT_SPACE": runtime_source("recurrent_space"),
         "CUSTOM_OPS": runtime_source("custom_ops"),  # (this section comes first: the later ones use it too)
         "RECURRENT_HOST": runtime_source("recurrent_host"),
     }
-    return fill(preprocess(SECTION, {"features": features}), subs)
+    return fill(SECTION, subs)
 
 
 def fill(template: str, subs: dict[str, str]) -> str:

@@ -25,14 +25,12 @@ Nothing here is printed from the IR: the kernels and their host side are fixed, 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..language import spec as S
 from ..plan import one_chunk_op
-from .directives import preprocess
+from .slots import TEMPLATES, fill_lines, section
 from .standalone import kernels_source, runtime_functions, runtime_source
 
-CHUNK_TEMPLATE = (Path(__file__).parent / "templates" / "triton_chunked.py.tmpl").read_text()
+CHUNK_TEMPLATE = (TEMPLATES / "triton_chunked.py.tmpl").read_text()
 
 
 def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bool = False) -> str:
@@ -62,7 +60,13 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
                "IMPLICIT": flags["implicit"], "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale,
                "COMPOSITE": flags["composite"],
                "ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1, "CHUNK_KERNEL_NAMES": kernel_names}
-    text = preprocess(CHUNK_TEMPLATE, flags)
+    momentum = family == "momentum"  # (its own scans and run: no chunk path, no _chunk_space kernels)
+    text = fill_lines(CHUNK_TEMPLATE, {
+        "FAMILY_NOTE": section("chunk_momentum_note" if momentum else "chunk_note"),
+        "CHUNK_KERNELS_LINE": [] if momentum else ["_CHUNK_KERNELS = {{CHUNK_KERNEL_NAMES}}  # the kernels whose space "
+                                                   "is _chunk_space"],
+        "CHUNK_RUN": [] if momentum else section("chunk_run")})
+    text = text.replace("{{KEY_WIDTH}}", _key_width(flags))
     for name, value in choices.items():
         text = text.replace("{{" + name + "}}", repr(value))
     return (text.replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
@@ -72,6 +76,16 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
             .replace("{{PREPARATION}}", PREPARATION.get(family, "")).replace("{{ON_KERNELS}}", on_kernels(flags))
             .replace("{{CHUNK_DOTS}}\n", kernels_source("dots") + "\n")
             .replace("{{CHUNK_KERNELS}}\n", chunk_kernels_source(family, flags) + "\n"))
+
+
+def _key_width(flags: dict[str, bool]) -> str:
+    """`_key_width`'s feature map and its width function: a composite module's feature map (feature_dim, none for the
+    identity), else φ_p's (_feature_width) under feature=poly, else none."""
+    feature, to_width = ("FEATURE", '(feature_dim if FEATURE != "identity" else None)') if flags["composite"] \
+        else ('"identity"', "None")
+    if flags["features"]:
+        to_width = "_feature_width" if to_width == "None" else f"{to_width} or _feature_width"
+    return f"{feature}, {to_width}"
 
 
 # the Triton functions of each part of a family's path, by their module under mirasc/runtime/kernels/

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .inputs import _check_dtypes, _check_types
 from .memory_hooks import _apply_memory, _coefficients, _init_memory_state, _start, _state_shapes
-from .memory_ops import _read_tokens
+from .token_step import _read_tokens
 
 FEATURE = "elu1"  # the feature map φ: "identity", "elu1", "taylor" (Based) or "hedgehog"
 NORMALIZE = True  # the normaliser: o_t = W_t φ(q_t) / (z_t·φ(q_t) + NORM_EPS)

@@ -17,7 +17,6 @@ from .layer_options import layer_combination_problems, layer_option_problems, la
 from .layer_state import _compute_dtype, _constrained, _keep_rows, _state_dtype, _unconstrained
 from .layer_streams import _conv_weight, _per_step, _streams
 from .memory_hooks import _coefficients, _start, apply, init_params, init_state, launch_plan
-from .memory_ops import _read_tokens
 from .memory_spec import (
     _LAYER_STEPS,
     _POSITIVE,
@@ -29,6 +28,7 @@ from .memory_spec import (
     LAYER_DEFAULTS,
     LAYER_SCHEMA,
 )
+from .token_step import _read_tokens
 
 
 class Layer(nn.Module):

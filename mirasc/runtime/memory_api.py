@@ -18,8 +18,8 @@ from .minibatch_host import _minibatch_triton
 from .momentum_host import _chunked_triton
 from .packing import _packed, _packed_padded
 from .recurrent_host import _on_chunk_kernels, _recurrent_triton
-from .recurrent_spec import _recurrent
 from .routes import _dot_precision, _route
+from .token_step import _recurrent
 
 
 def _packed_on_chunk_kernels(q, v, backend, algorithm, chunk_size):
@@ -115,6 +115,11 @@ def _apply_memory(q, k, v, gates=None, *, state=None, params=None, backend="auto
 
 apply = _apply_memory  # (a plain memory's op is its memory's; mirasc.runtime.multistep and composite write their own)
 init_state = _init_memory_state  # (likewise its initial state)
+
+
+def init_params(heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None, layer_idx=0):
+    """A parametric memory's read has no learned parameters of its own (its weights are the state)."""
+    return {}
 
 
 def _initial_state(state, B, H, Dk, Dv, compute, device):

@@ -1,8 +1,8 @@
 """The functions of a parametric memory that the runtime pieces call by name, with an example memory: a linear memory
-W [B, H, Dv, Dk] with the l2 bias, read as it is. Every emitted module defines its own, printed from its spec's IR and
-retention (mirasc.codegen.torch_backend); this module only lets the pieces that call them (mirasc.runtime.
-minibatch_chunks, composite, chunk_readouts, layer, multistep, memory_api) be imported, and unit-tested against token
-recurrences with these examples in place."""
+W [B, H, Dv, Dk] with the l2 bias, read as it is, learned by gd without a retention. Every emitted module defines its
+own, printed from its spec's IR, learner and retention (mirasc.codegen.torch_backend); this module only lets the pieces
+that call them (mirasc.runtime.token_step, minibatch_chunks, composite, chunk_readouts, layer, multistep, memory_api)
+be imported, and unit-tested against token recurrences with these examples in place."""
 
 import torch
 
@@ -136,11 +136,22 @@ def _coefficients(gates, like, d_v=None):
     return {n: g.transpose(1, 2) for n, g in (gates or {}).items()}
 
 
-def _token_step(carry, q_t, k_t, v_t, c_t, params=None):
-    """One token of _apply_memory's delta rule. q_t, k_t, v_t: [B, H, 1, D]; c_t["eta"]: [B, H, 1, 1]."""
-    W = carry["W"][0]
-    W = W - c_t["eta"] * ((W @ k_t.transpose(-1, -2) - v_t.transpose(-1, -2)) @ k_t)
-    return {**carry, "W": [W], "t": carry["t"] + 1}, (W @ q_t.transpose(-1, -2)).transpose(-1, -2)
+def _learn(grads, S, c):
+    """The learner, from the gradients to the updates (a module prints its spec's: mirasc.codegen.torch_learner): here
+    gd, U = −η g, with no momentum buffers."""
+    return [-c["eta"] * grad for grad in grads], S
+
+
+def _before_gradient(W, carry, c, first):
+    """The weights a token's gradient and step start from (a module prints its retention's: mirasc.codegen.
+    torch_retention): here the weights as they are."""
+    return W
+
+
+def _retain(W, Y, updates, c, carry, first):
+    """The retention, from the updates to the next weights and accumulators (a module prints its spec's): here none,
+    W_t = W_{t−1} + U_t."""
+    return [w + update for w, update in zip(W, updates)], Y
 
 
 def init_state(batch, heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None):

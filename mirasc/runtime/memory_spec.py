@@ -18,6 +18,8 @@ NO_CHUNK_REASON = None  # why it does not (None: it does)
 DEFAULT_CHUNK = 64  # schedule: chunk length of the chunked algorithm
 MINIBATCH = None  # semantics: gradients of each MINIBATCH tokens taken at the chunk's anchor (None: token by token)
 CHUNK_READOUT = False  # readout=chunk on the Triton kernels: the chunk kernels only, no fused recurrent kernel
+ERASE_WRITE = False  # l2(erase=kappa): each step also writes v kᵀ at unit rate
+KL_C = 1.0  # kl's c: its weights' rows sum to c
 # Facts of the plan that apply reads: the retention keeps W > 0 (a given state is checked), the memory adds its input
 # (Dk == Dv), 16-bit inputs reach the chunk op in place, packed sequences run in one launch of the chunk kernels.
 POSITIVE_WEIGHTS = False

@@ -7,8 +7,8 @@ import torch
 
 from .inputs import _check_dtypes, _check_types, _extra_inputs, _offsets
 from .memory_hooks import _apply_memory, _coefficients
-from .memory_ops import _read_tokens
 from .memory_spec import EXTRAS, GATE_CHANNELS, GATES, STEPS
+from .token_step import _read_tokens
 
 
 def _interleave(x):

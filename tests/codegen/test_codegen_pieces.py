@@ -1,68 +1,18 @@
-"""The code generators' shared pieces: the templates' line directives (mirasc.codegen.directives) and the runtime
-modules an emitted file carries as text (mirasc.codegen.standalone)."""
+"""The code generators' shared pieces: the templates' slots and optional sections (mirasc.codegen.slots) and the
+runtime modules an emitted file carries as text (mirasc.codegen.standalone)."""
 
 from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from mirasc.codegen.directives import fill_lines, preprocess
+from mirasc.codegen.slots import TEMPLATES, fill_lines, section
 from mirasc.codegen.standalone import body, lm_source, model_source, runtime_source
 from mirasc.runtime import layer_options, lm
-
-TEXT = """a
-# @if x
-b
-# @elif y
-c
-# @else
-d
-# @endif
-e"""
-
-
-@pytest.mark.parametrize("x, y, kept", [(True, True, "b"), (True, False, "b"), (False, True, "c"), (False, False, "d")])
-def test_directives_take_one_branch(x, y, kept):
-    assert preprocess(TEXT, {"x": x, "y": y}) == f"a\n{kept}\ne\n"
-
-
-def test_directives_nest_and_negate():
-    text = "# @if not x\n  # @if y\nboth\n  # @endif\nnot x\n# @endif\nend"
-    assert preprocess(text, {"x": False, "y": True}) == "both\nnot x\nend\n"
-    assert preprocess(text, {"x": False, "y": False}) == "not x\nend\n"
-    assert preprocess(text, {"x": True, "y": True}) == "end\n"
-
-
-def test_directives_inside_a_branch_not_taken_are_still_matched():
-    text = "# @if x\n# @if y\nin\n# @else\nelse\n# @endif\n# @endif\nout"
-    assert preprocess(text, {"x": False, "y": True}) == "out\n"
-
-
-def test_only_the_first_true_branch_is_kept():
-    text = "# @if x\n1\n# @elif y\n2\n# @elif z\n3\n# @endif\n"
-    assert preprocess(text, {"x": False, "y": True, "z": True}).split() == ["2"]
-    text = "# @if x\n1\n# @elif not y\n2\n# @else\n3\n# @endif\n"
-    assert preprocess(text, {"x": False, "y": True}).split() == ["3"]
-
-
-@pytest.mark.parametrize("text, message", [
-    ("a\n# @endif\n", "template line 2: '# @endif': no open # @if"),
-    ("# @else\n", "template line 1: '# @else': no open # @if"),
-    ("# @if x\nb", "template line 1: # @if without # @endif"),
-    ("# @if missing\nb\n# @endif", "template line 1: '# @if missing': unknown flag 'missing'"),
-    ("# @if x\n# @elif not nope\n# @endif\n", "template line 2: '# @elif not nope': unknown flag 'nope'"),
-    ("# @if x\n# @else\n# @else\n# @endif\n", "template line 3: '# @else': after the # @else of the # @if on line 1"),
-    ("# @if x\n# @else\n# @elif x\n# @endif\n",
-     "template line 3: '# @elif x': after the # @else of the # @if on line 1"),
-    ("# @loop x\nb", "template line 1: '# @loop x': unknown directive"),
-])
-def test_directive_errors_name_the_template_line(text, message):
-    with pytest.raises(ValueError) as err:
-        preprocess(text, {"x": True})
-    assert str(err.value).startswith(message)
 
 
 def test_a_hook_takes_its_lines_at_its_indentation():
@@ -73,14 +23,27 @@ def test_a_hook_takes_its_lines_at_its_indentation():
         fill_lines("a = {{BODY}}\n", {"BODY": ["1"]})
 
 
-def test_every_retention_and_learner_hook_has_one_place_in_the_torch_template():
-    from mirasc.codegen import torch_backend, torch_learner, torch_retention
+def test_every_optional_section_is_one_a_code_generator_names():
+    """Each file of templates/sections/ is taken by a line slot of some template, by name, in a code generator; a
+    section's lines end where its file ends."""
+    import mirasc.codegen as codegen
+
+    sources = "".join(p.read_text(encoding="utf-8") for p in Path(codegen.__file__).parent.glob("*.py"))
+    names = sorted(p.name[:-len(".py.tmpl")] for p in (TEMPLATES / "sections").glob("*.py.tmpl"))
+    assert len(names) == 10
+    for name in names:
+        assert f'"{name}"' in sources, name
+        text = (TEMPLATES / "sections" / f"{name}.py.tmpl").read_text(encoding="utf-8")
+        assert text.endswith("\n") and "\n".join(section(name)) + "\n" == text, name
+
+
+def test_every_retention_hook_has_one_place_in_the_torch_template():
+    from mirasc.codegen import torch_backend, torch_retention
     from mirasc.language.frontend import parse_text
 
     spec = parse_text("model m { memory = linear; bias = l2; retention = decay; learner = gd }")
-    names = [*torch_retention.hooks(torch_retention.for_spec(spec, False)),
-             *torch_learner.hooks(torch_learner.for_spec(spec))]
-    assert len(names) == 10
+    names = [*torch_retention.hooks(torch_retention.for_spec(spec, False)), "UPDATE_RULE", "TOKEN_STEP"]
+    assert len(names) == 5
     for name in names:
         assert torch_backend.TEMPLATE.count("{{" + name + "}}") == 1, name
 
@@ -119,23 +82,26 @@ def test_the_language_model_source_runs_standalone(monkeypatch):
 
 
 def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
-    """Atlas (an MLP memory with LayerNorm, muon, polynomial features) and a precond spec carry every function of
-    mirasc/runtime/memory_ops.py verbatim; a linear memory only those it reads."""
+    """Atlas (an MLP memory with LayerNorm, muon, polynomial features) carries every function of
+    mirasc/runtime/memory_ops.py verbatim, a precond spec every one of precond.py, and every parametric memory the token
+    recurrence of token_step.py (a chunk readout of kl its lag token too); a linear memory only the ops it reads."""
     import inspect
     from pathlib import Path
 
     from mirasc.compiler import compile_text
-    from mirasc.runtime import memory_ops
+    from mirasc.runtime import memory_ops, precond, token_step
+
+    def functions(module):
+        return [n for n, f in vars(module).items() if inspect.isfunction(f) and f.__module__ == module.__name__]
 
     specs = Path(__file__).resolve().parents[2] / "specs"
     atlas = compile_text((specs / "atlas.miras").read_text(encoding="utf-8")).source
-    precond = compile_text((specs / "precond_gated_deltanet.miras").read_text(encoding="utf-8")).source
-    names = [n for n, f in vars(memory_ops).items() if inspect.isfunction(f) and f.__module__ == memory_ops.__name__]
-    assert len(names) == 16
-    precond_only = ("_statistic_scan", "_multiplier", "_precondition", "_preconditioned", "_layer_cache",
-                    "_layer_read")
-    for name in names:
-        text = inspect.getsource(getattr(memory_ops, name))
-        assert text in (precond if name in precond_only else atlas), name
+    pre = compile_text((specs / "precond_gated_deltanet.miras").read_text(encoding="utf-8")).source
+    memora = compile_text((specs / "memora.miras").read_text(encoding="utf-8")).source
+    assert len(functions(memory_ops)) == 9 and len(functions(precond)) == 6 and len(functions(token_step)) == 7
+    for module, source in ((memory_ops, atlas), (precond, pre), (token_step, memora)):
+        for name in functions(module):
+            assert inspect.getsource(getattr(module, name)) in source, (module.__name__, name)
     linear = compile_text((specs / "deltanet.miras").read_text(encoding="utf-8")).source
     assert "def _on_weight(" in linear and "def _layernorm(" not in linear and "def _newton_schulz(" not in linear
+    assert "def _token_step(" in linear and "def _lag_step(" not in linear and "def _statistic_scan(" not in linear

@@ -7,7 +7,7 @@ tests/triton_backend)."""
 import pytest
 import torch
 
-from mirasc.runtime import memory_api, memory_hooks, memory_ops
+from mirasc.runtime import memory_api, memory_hooks, precond
 
 
 def data(B=2, T=11, H=2, Dk=4, Dv=3, seed=0):
@@ -128,18 +128,18 @@ def test_the_preconditioner_hook_runs_before_the_memory_and_returns_its_statisti
 
 
 def test_the_preconditioned_learner_s_hook():
-    """memory_ops._preconditioned: η ⊙ m(a_t) on the key channels, the memory's state without "A", and a_T."""
+    """precond._preconditioned: η ⊙ m(a_t) on the key channels, the memory's state without "A", and a_T."""
     B, H, T, Dk = 1, 2, 5, 3
     k = torch.randn(B, H, T, Dk, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     c = {n: torch.full((B, H, T), x, dtype=torch.float64) for n, x in (("eta", 0.5), ("nu", 0.9), ("rho", 0.1))}
     state = {"W": torch.zeros(B, H, 2, Dk), "A": torch.zeros(B, H, Dk)}
-    c2, rest, stat = memory_ops._preconditioned(c, k.float(), state, torch.float64)
+    c2, rest, stat = precond._preconditioned(c, k.float(), state, torch.float64)
     assert set(rest) == {"W"} and set(c2) == {"eta", "eta_ch"}
     assert torch.equal(c2["eta"], torch.ones(B, H, T, dtype=torch.float64))
     a = torch.zeros(B, H, Dk, dtype=torch.float64)
     for t in range(T):
         a = 0.9 * a + 0.1 * k.float().double()[:, :, t] ** 2
-    assert torch.allclose(stat, a) and torch.allclose(c2["eta_ch"][:, :, -1], 0.5 * memory_ops._multiplier(a))
+    assert torch.allclose(stat, a) and torch.allclose(c2["eta_ch"][:, :, -1], 0.5 * precond._multiplier(a))
 
 
 def test_the_triton_runs_dispatch_by_algorithm(monkeypatch):
