@@ -294,20 +294,29 @@ def test_taylor_and_poly_degree_two_agree(learner):
 # --------------------------------------------------------------------------------------- Newton–Schulz
 
 
-def test_newton_schulz_orthogonalises():
+def test_newton_schulz_orthogonalises(monkeypatch):
     """NS_k keeps the singular vectors and, after enough iterations (12 here, for singular values spread over three
     decades; each step multiplies a small one by ≈ 3.4), maps every singular value into about [0.7, 1.2] (the
-    quintic's band, not exactly 1: Muon's coefficients trade convergence for speed); module and reference agree."""
+    quintic's band, not exactly 1: Muon's coefficients trade convergence for speed); the module's orthogonalisation
+    (mirasc/runtime/memory_ops.py, with the spec's NS_STEPS) and the reference agree."""
+    from mirasc.runtime import memory_ops
+
+    def module_ns(mod, G):
+        monkeypatch.setattr(memory_ops, "NS_STEPS", mod.NS_STEPS)
+        monkeypatch.setattr(memory_ops, "NS_COEFFICIENTS", mod.NS_COEFFICIENTS)
+        return memory_ops._newton_schulz(G)
+
     mod5 = module("atlas_small")
     mod = mirasc.compile_spec("model ns12 { memory = linear; bias = l2; learner = muon(lr=gate, theta=gate, "
                               "ns_steps=12) }")
+    assert (mod5.NS_STEPS, mod.NS_STEPS) == (5, 12)
     g = torch.Generator().manual_seed(0)
     for shape in ((6, 10), (10, 6), (8, 8)):
         G = torch.randn(3, *shape, generator=g, dtype=f64) @ torch.diag_embed(torch.logspace(0, -2, shape[1],
                                                                                             dtype=f64))
         U, sv, Vh = torch.linalg.svd(G, full_matrices=False)
-        assert rel(mod5._newton_schulz(G), newton_schulz(G, 5)) < 1e-12
-        X = mod._newton_schulz(G)
+        assert rel(module_ns(mod5, G), newton_schulz(G, 5)) < 1e-12
+        X = module_ns(mod, G)
         assert rel(X, newton_schulz(G, 12)) < 1e-12
         inner = U.mT @ X @ Vh.mT  # diagonal when the singular vectors are kept
         off = inner - torch.diag_embed(torch.diagonal(inner, dim1=-2, dim2=-1))
@@ -316,7 +325,7 @@ def test_newton_schulz_orthogonalises():
         assert out.min() > 0.6 and out.max() < 1.25, (shape, out)
         assert torch.linalg.svdvals(G / G.norm(dim=(-2, -1), keepdim=True)).min() < 0.05  # (far from 1 before)
         assert rel(X, U @ Vh) < 0.3  # close to the nearest semi-orthogonal matrix UVᵀ
-    assert mod._newton_schulz(torch.zeros(2, 3, 4, dtype=f64)).abs().max() == 0
+    assert module_ns(mod, torch.zeros(2, 3, 4, dtype=f64)).abs().max() == 0
 
 
 # --------------------------------------------------------------------------------------- bundled specs

@@ -288,23 +288,6 @@ def test_layer_steps_equal_forward_with_constant_statistic_gates():
     assert rel(decode(layer, x), layer(x)) < 1e-10
 
 
-def test_statistic_scan_is_exact_and_stable():
-    """The chunked scan of a_t = ν_t a_{t−1} + x_t against a token loop, over several chunks, with ν = 0 on some
-    tokens (a reset), ν = 1 on others (a plain sum) and ν far below 1 (no underflow trouble: no log, no division)."""
-    mod = spec("precond_kda")
-    gen = torch.Generator().manual_seed(0)
-    nu = torch.rand(2, 3, 150, generator=gen, dtype=torch.float64) ** 8
-    nu[:, :, ::7], nu[:, :, 3::11] = 0.0, 1.0
-    x = torch.rand(2, 3, 150, 4, generator=gen, dtype=torch.float64)
-    a0 = torch.rand(2, 3, 4, generator=gen, dtype=torch.float64)
-    a, want = a0, []
-    for t in range(150):
-        a = nu[:, :, t, None] * a + x[:, :, t]
-        want.append(a)
-    got = mod._statistic_scan(nu, x, a0)
-    assert rel(got, torch.stack(want, 2)) < 1e-14
-
-
 def test_triton_chunked_refuses_where_its_family_has_no_kernel():
     """A decay over value channels has no chunked Triton kernel for lr=gate(k), so neither for precond:
     backend='triton', algorithm='chunked' refuses with that family's reason (the recurrent kernel runs)."""

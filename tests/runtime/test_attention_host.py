@@ -10,8 +10,10 @@ from mirasc.runtime.gpu_limits import _GPUTarget
 
 
 def test_dot_options_and_packing():
-    assert ah._dot_options(torch.float32)["PREC"] == "ieee"  # exact fp32 products, never TF32
-    assert ah._dot_options(torch.bfloat16)["PREC"] == "tf32"  # (16-bit operands multiply exactly whatever it says)
+    assert ah._dot_options(torch.float32) == {"PREC": "ieee", "WIDEN_": False}  # exact fp32 products, never TF32
+    # (16-bit operands multiply exactly whatever PREC says; the interpreter, which these tests run under, multiplies
+    # bf16 tiles as raw bit patterns, so they are widened to fp32 there)
+    assert ah._dot_options(torch.bfloat16) == {"PREC": "tf32", "WIDEN_": True}
     cu, longest = ah._packed_offsets([0, 3, 10, 12], "cpu")
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 10, 12] and longest == 7
     q = torch.zeros(1, 4, 12, 8)

@@ -17,7 +17,7 @@ def test_chunk_tiles_and_schedule():
     assert [mb._mb_block(n) for n in (1, 16, 17, 64)] == [16, 16, 32, 64]
     assert mb._state_floats(8, 8) == 2 * (32 * 8 + 8 * 32)  # the weights and their momentum
     assert mb._mb_schedule(8, 8, CPU) == "tile"  # the interpreter keeps single-tile kernels for small states
-    assert mb._mb_schedule(64, 64, CPU) == "stream"
+    assert mb._mb_schedule(64, 64, CPU) == "stream" and mb._mb_schedule(128, 128, CPU) == "stream"
     assert mb._mb_schedule(8, 8, _GPUTarget("sm_90")) == "stream"  # a GPU always streams
 
 
@@ -45,7 +45,7 @@ def test_omega_window_tile(monkeypatch):
     """An Omega window makes a mini-batch of C tokens a tile of C·c rows: on a GPU at most 64, on the CPU any."""
     monkeypatch.setattr(mb, "_WINDOW", 4)
     assert mb._mb_window_fits(64, CPU)
-    assert mb._mb_window_fits(16, _GPUTarget("sm_90"))
+    assert mb._mb_window_fits(16, _GPUTarget("sm_90")) and not mb._mb_window_fits(17, _GPUTarget("sm_90"))  # 68 -> 128
     assert not mb._mb_window_fits(64, _GPUTarget("sm_90"))
     assert "minibatch(C) for C <= 16" in mb._mb_window_error(64)
 
@@ -62,3 +62,17 @@ def test_momentum_matrices_match_the_dual_form():
     torch.testing.assert_close(b_flat, b.reshape(B, H, -1))
     torch.testing.assert_close(kml, kmom[:, :, :, -1])
     torch.testing.assert_close(thl, big_theta[:, :, :, -1])
+
+
+def test_split_products_need_a_triton_with_bf16x3(monkeypatch):
+    """bf16x3 came in Triton 3.5: an older Triton's GPU launch multiplies exactly ("ieee"); the interpreter always
+    computes the three products by hand."""
+    import triton
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+    assert mb._mb_launch_prec("bf16x3") == "bf16x3" and mb._mb_launch_prec("ieee") == "ieee"
+    monkeypatch.setattr(CUDAOptions, "allowed_dot_input_precisions", ("tf32", "tf32x3", "ieee"))
+    assert mb._mb_launch_prec("bf16x3") == "ieee"
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
+    assert mb._mb_launch_prec("bf16x3") == "bf16x3_emulated"

@@ -51,3 +51,20 @@ def test_the_preconditioner_multiplier_and_learning_rate(monkeypatch):
     stats = torch.stack(stats, dim=2)
     assert torch.allclose(a_T, stats[:, :, -1])
     assert torch.allclose(out["eta_ch"], c["eta"][..., None] * precond._multiplier(stats))
+
+
+def test_statistic_scan_is_exact_and_stable():
+    """The chunked scan of a_t = ν_t a_{t−1} + x_t against a token loop, over several chunks, with ν = 0 on some
+    tokens (a reset), ν = 1 on others (a plain sum) and ν far below 1 (no underflow trouble: no log, no division)."""
+    gen = torch.Generator().manual_seed(0)
+    nu = torch.rand(2, 3, 150, generator=gen, dtype=torch.float64) ** 8
+    nu[:, :, ::7], nu[:, :, 3::11] = 0.0, 1.0
+    x = torch.rand(2, 3, 150, 4, generator=gen, dtype=torch.float64)
+    a0 = torch.rand(2, 3, 4, generator=gen, dtype=torch.float64)
+    a, want = a0, []
+    for t in range(150):
+        a = nu[:, :, t, None] * a + x[:, :, t]
+        want.append(a)
+    got = precond._statistic_scan(nu, x, a0)  # chunks of 64 over 150 tokens
+    want = torch.stack(want, 2)
+    assert ((got - want).norm() / want.norm()).item() < 1e-14  # (relative error, as tests/reference.py's rel)

@@ -131,7 +131,7 @@ def test_chunk_readout_triton_routing(name):
     assert rel(a, b) < 5e-5
     with pytest.raises(RuntimeError, match="no fused recurrent Triton kernel for readout=chunk"):
         mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
-    assert not mod._packed_on_chunk_kernels(q, v, "triton", "auto", None)  # not one launch as a padded batch
+    assert not mod.PACKED  # not one launch as a padded batch
     cu = torch.tensor([0, 3, 3, 2 * C + 1])
     st = mod.init_state(3, 1, 4, 4)
     o, final = mod.apply(q, k, v, gates, state=st, backend="triton", cu_seqlens=cu)

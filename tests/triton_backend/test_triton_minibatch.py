@@ -187,7 +187,7 @@ def test_packed_sequences_in_one_launch(name):
     Dv = 8 if "residual=true" in mod.SPEC else 5
     cu = [0, 5, 5, 23, 40]
     q, k, v, gates, _ = inputs(mod, 1, cu[-1], 2, 8, Dv)
-    assert mod._packed_on_chunk_kernels(q, v, "triton", "auto", None)  # the one-launch path, not a loop
+    assert mod.PACKED  # the one-launch path, not a loop
     for state in (None, inputs(mod, len(cu) - 1, 1, 2, 8, Dv, seed=3)[4]):
         leaves = [v] + ([] if state is None else list(state.values()))
         runs = []
@@ -239,12 +239,9 @@ def test_streamed_kernels_match_the_recurrence(name, monkeypatch):
 
 
 def test_schedule_choice():
-    """On the interpreter small states keep the single-tile kernels, big ones (Titans at D = 64 or 128) stream;
-    a GPU always streams; backend="auto" sends heads up to D = 128 with E = 4 D to the kernels (launch_plan)."""
+    """A GPU streams Titans' state (the schedule itself: tests/runtime/test_minibatch_host.py); backend="auto" sends
+    heads up to D = 128 with E = 4 D to the streamed kernels, in tiles of MB_STREAM_WIDTH (launch_plan)."""
     mod = compile_named("titans")
-    cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert mod._mb_schedule(8, 8, cpu) == "tile" and mod._mb_schedule(8, 8, gpu) == "stream"
-    assert mod._mb_schedule(64, 64, cpu) == "stream" and mod._mb_schedule(128, 128, cpu) == "stream"
     plan = mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90")
     assert plan["backend"] == "triton" and plan["algorithm"] == "chunked" and plan["chunk"] == mod.MINIBATCH
     assert set(plan["kernels"]) == {"_minibatch_stream_fwd", "_minibatch_stream_fwd_end", "_minibatch_stream_bwd_a",
@@ -293,15 +290,3 @@ def test_bf16_inputs_split_products(name, monkeypatch):
         assert err < 3 * rel(b.double(), r), (label, err, rel(b.double(), r))
 
 
-def test_split_products_need_a_triton_with_bf16x3(monkeypatch):
-    """bf16x3 came in Triton 3.5: an older Triton's GPU launch multiplies exactly ("ieee"); the interpreter always
-    computes the three products by hand."""
-    from triton.backends.nvidia.compiler import CUDAOptions
-
-    mod = compile_named("titans")
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
-    assert mod._mb_launch_prec("bf16x3") == "bf16x3" and mod._mb_launch_prec("ieee") == "ieee"
-    monkeypatch.setattr(CUDAOptions, "allowed_dot_input_precisions", ("tf32", "tf32x3", "ieee"))
-    assert mod._mb_launch_prec("bf16x3") == "ieee"
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", True)
-    assert mod._mb_launch_prec("bf16x3") == "bf16x3_emulated"

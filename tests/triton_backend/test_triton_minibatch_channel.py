@@ -239,7 +239,7 @@ def test_packed_sequences_with_channel_lr(name):
     cu = [0, 5, 5, 23, 40]
     q, k, v, gates, _ = case(name, 1, cu[-1], 2, 8)
     state = case(name, len(cu) - 1, 1, 2, 8)[4]
-    assert mod._packed_on_chunk_kernels(q, v, "triton", "auto", None)
+    assert mod.PACKED
 
     def packed(backend):
         return lambda q, k, v, g, s: mod.apply(q, k, v, g, state=s, backend=backend, cu_seqlens=cu)

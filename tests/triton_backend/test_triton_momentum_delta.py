@@ -100,7 +100,7 @@ def test_packed_sequences_in_one_launch():
     gates = {n: x.requires_grad_(True) for n, x in gates.items()}
     state = {"W": 0.3 * torch.randn(len(cu) - 1, H, Dv, Dk, generator=gen),
              "S_W": 0.3 * torch.randn(len(cu) - 1, H, Dv, Dk, generator=gen)}
-    assert mod._packed_on_chunk_kernels(q, v, "triton", "chunked", 8)  # the one-launch path, not a loop
+    assert mod.PACKED  # the one-launch path, not a loop
     o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", cu_seqlens=cu,
                          chunk_size=8)
     ref_v = v.detach().double().requires_grad_(True)

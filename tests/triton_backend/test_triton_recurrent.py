@@ -250,43 +250,46 @@ def test_v_tiles_cover_the_row_separable_specs():
 def test_v_tiles_match_the_float64_recurrence(name):
     """Dv = 20 spans 2 tiles of 16 (batched factors: sparse_lp, hyperbolic_mirror, ttt_linear) or 5 tiles of 4,
     the last one partly padded; T = 40 crosses checkpoint and mini-batch boundaries."""
-    mod = _module(name)
-    Dk, Dv = 6, 20
-    n_v = mod._tile_config(mod._LAYOUT, Dk, Dv, 1, mod._TILES_FWD)[2]
-    assert n_v == (2 if mod._FACTOR_BLOCK else 5)
-    assert mod._tile_config(mod._LAYOUT, Dk, Dv, 1, mod._TILES_BWD)[2] == n_v
-    _check_vs_float64(mod, (Dk, Dv))
+    assert _plan(name).v_tiles  # (the interpreter's tiles: tests/runtime/test_recurrent_space.py)
+    _check_vs_float64(_module(name), (6, 20))
 
 
-def test_tile_config_on_a_gpu_fits_the_register_budget(monkeypatch):
-    """Outside the interpreter BV comes from the resource model: the forward's live [BV, BK] tiles (and the
-    batched factors' [C, BK] token tiles) fit the budget of fp32 values per thread (or take the smallest
-    tile tl.dot allows at 8 warps), and at D = 64 and 128 the
-    rows split into several tiles in both directions; a coupled spec whose whole state cannot stay on chip
-    is refused with the limit named (the interpreter has no such limit)."""
+def test_tile_config_on_a_gpu_fits_the_register_budget():
+    """On a GPU BV comes from the resource model (launch_plan for sm_90 reads it on the CPU): every configuration of
+    the forward keeps its live [BV, BK] tiles (and the batched factors' [C, BK] token tiles) within the budget of
+    fp32 values per thread (or takes the smallest tile tl.dot allows at 8 warps), and at D = 64 and 128 the rows
+    split into several tiles in both directions; a coupled spec whose whole state cannot stay on chip is refused with
+    the limit named (the interpreter has no such limit). The live tiles and the batched factors are the compiler's
+    counts (mirasc.codegen.triton_recurrent), the budget the resource model's."""
+    from mirasc.codegen.triton_recurrent import batched_factors, live_tiles
+    from mirasc.runtime.recurrent_space import _REG_BUDGET
+
     for name in ("sparse_lp", "deltanet", "hyperbolic_mirror", "custom_cauchy"):
-        mod = _module(name)
-        monkeypatch.setattr(mod, "_interpreted", lambda: False)
+        mod, spec = _module(name), _plan(name).kernels.spec
+        tiles, factor = live_tiles(spec, False), batched_factors(spec)
         for D in (64, 128):
-            bv, warps, n_v = mod._tile_config(mod._LAYOUT, D, D, 1, mod._TILES_FWD)
-            fits = (mod._TILES_FWD * bv + 2 * mod._FACTOR_BLOCK) * D <= mod._REG_BUDGET * 32 * warps
-            # batched factors: tl.dot's 16 is the least BV; at D = 128 its [C, BK] token tiles alone reach the
-            # budget, and the model falls back to BV = 16 at 8 warps (measured without spills on sm_90/sm_80)
-            assert fits or (mod._FACTOR_BLOCK and (bv, warps) == (16, 8)), (name, D)
-            assert n_v == -(-D // bv) >= 2
-            bv, warps, n_v = mod._tile_config(mod._LAYOUT, D, D, 1, mod._TILES_BWD)
-            assert n_v == -(-D // bv) >= 2 and bv >= (16 if mod._FACTOR_BLOCK else 1)
+            kernels = mod.launch_plan(D, D, device="sm_90", backend="triton", algorithm="recurrent")["kernels"]
+            assert set(kernels) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}
+            for kernel, configs in kernels.items():
+                assert configs, (name, D, kernel)
+                for cfg in configs:
+                    bv, warps = cfg["BV"], cfg["num_warps"]
+                    assert -(-D // bv) >= 2 and bv >= (16 if factor else 1), (name, D, kernel, cfg)
+                    if kernel == "_fused_recurrent_fwd":
+                        # batched factors: tl.dot's 16 is the least BV; at D = 128 its [C, BK] token tiles alone
+                        # reach the budget, and the model falls back to BV = 16 at 8 warps (measured without spills
+                        # on sm_90/sm_80)
+                        fits = (tiles * bv + 2 * factor) * D <= _REG_BUDGET * 32 * warps
+                        assert fits or (factor and (bv, warps) == (16, 8)), (name, D, cfg)
     mod = _module("moneta_token")
-    monkeypatch.setattr(mod, "_interpreted", lambda: False)
-    mod._check_fits(mod._LAYOUT, 8, 8, 32, mod._TILES_FWD, False)
-    with pytest.raises(RuntimeError, match="registers"):
-        mod._check_fits(mod._LAYOUT, 128, 128, 512, mod._TILES_BWD, True)
     plan = mod.launch_plan(8, 8, device="sm_90", backend="triton", algorithm="recurrent")
     assert set(plan["kernels"]) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}
     with pytest.raises(RuntimeError, match="registers"):
         mod.launch_plan(128, 128, device="sm_90", backend="triton", algorithm="recurrent")
-    # V tiles: every size has a configuration
-    assert _module("deltanet").launch_plan(128, 128, device="sm_90", backend="triton", algorithm="recurrent")
+    # V tiles: every size has a configuration, and the autotuner times several (the model's first choice first:
+    # tests/runtime/test_recurrent_space.py)
+    plan = _module("deltanet").launch_plan(128, 128, device="sm_90", backend="triton", algorithm="recurrent")
+    assert len(plan["kernels"]["_fused_recurrent_fwd"]) >= 3
 
 
 def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
@@ -296,28 +299,6 @@ def test_coupled_spec_past_the_limit_is_refused_on_a_gpu(monkeypatch):
     q, k, v, gates, state = inputs(mod, 1, 2, 1, 64, 64)
     with pytest.raises(RuntimeError, match="whole memory of a \\(batch, head\\) in one program"):
         mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="recurrent")
-
-
-def test_gpu_autotune_picks_the_fastest_fitting_config_once(monkeypatch):
-    """On a GPU the first launch per (kernel, head sizes, dtype, device) times the resource model's fitting
-    configurations and keeps the fastest (here with a fake timer; the interpreter never tunes)."""
-    mod = _module("deltanet")
-    monkeypatch.setattr(mod, "_interpreted", lambda: False)
-    monkeypatch.setattr(mod, "_TUNED", {})
-    candidates = mod._tile_candidates(mod._LAYOUT, 128, 128, 1, mod._TILES_FWD)
-    assert len(candidates) >= 3 and candidates[0] == mod._tile_config(mod._LAYOUT, 128, 128, 1, mod._TILES_FWD)[:2]
-    cost = {cfg: 1.0 + i for i, cfg in enumerate(candidates)}
-    cost[candidates[2]] = 0.5
-    launched = []
-
-    def timer(fn):
-        fn()
-        return cost[launched[-1]]
-
-    best = mod._pick_config("key", candidates, launched.append, timer=timer)
-    assert best == candidates[2] and set(launched) == set(candidates[:mod._TUNE_MAX])
-    n = len(launched)
-    assert mod._pick_config("key", candidates, launched.append, timer=timer) == best and len(launched) == n
 
 
 def test_v_tile_width_does_not_change_the_result(monkeypatch):
