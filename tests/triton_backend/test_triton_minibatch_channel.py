@@ -190,7 +190,8 @@ def test_every_case_is_the_specs_semantics():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_single_tile_kernels_match_the_reference(name):
     mod = module(name)
-    assert hasattr(mod, "_minibatch_triton"), name  # the mini-batch kernels, not a refusal
+    kernels = mod.launch_plan(8, 8, device="sm_90", backend="triton", algorithm="chunked")["kernels"]
+    assert "_minibatch_stream_fwd" in kernels, name  # the mini-batch kernels, not a refusal
     assert mod._mb_schedule(8, 8, torch.device("cpu")) == "tile"
     data = case(name, *SHAPE[name])
     got = run(module_fn(mod, backend="triton", algorithm="chunked"), data, f32)
@@ -256,7 +257,7 @@ def test_channel_decays_keep_their_reason():
     mod = mirasc.compile_spec("model momentum_value_side {\n    memory = linear\n    bias = l2\n"
                               "    retention = decay(alpha=gate)\n    learner = momentum(lr=gate(v), theta=gate(v))\n"
                               "    parallel = minibatch(8)\n}\n")
-    assert not hasattr(mod, "_minibatch_triton")
+    assert not mirasc.compile_text(mod.SPEC).plan.minibatch
     q, k, v, gates = make_inputs(dict(memory=LIN, bias=dict(kind="l2"), retention=dict(kind="decay", alpha="gate"),
                                       learner=dict(kind="momentum", lr="gate(v)", theta="gate(v)"), parallel=8),
                                  1, 4, 1, 4, 3, f32)

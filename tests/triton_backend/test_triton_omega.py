@@ -96,6 +96,11 @@ def module(name: str):
     return mirasc.compile_spec(f"model {name} {{ {CASES[name][0]} }}")
 
 
+def plan_of(name: str):
+    """The Plan of a case above: which Triton kernels cover it, or why none."""
+    return mirasc.compile_text(f"model {name} {{ {CASES[name][0]} }}").plan
+
+
 def test_atlas_specs_have_the_recurrent_kernel():
     """The Omega rule and feature=poly (linear memory) no longer refuse Triton; the chunk kernels take the Omega rule
     where the gradients are at an anchor (the mini-batch dual-form kernels for the MLP memory); muon still says
@@ -105,13 +110,13 @@ def test_atlas_specs_have_the_recurrent_kernel():
         plan = mod.launch_plan(16, 16, device="sm_90", backend="triton", algorithm="recurrent")
         assert set(plan["kernels"]) == {"_fused_recurrent_fwd", "_fused_recurrent_bwd"}, name
         assert mod.WINDOW == (3 if "window" in mod.SPEC else 1) and mod._BWD_STATE, name  # (a generated backward)
-        assert mirasc.compile_text(f"model {name} {{ {CASES[name][0]} }}").plan.features == ("poly" in mod.SPEC), name
-    assert not hasattr(module("l2_decay"), "_chunked_triton")  # (exact, state-dependent: the recurrent kernel only)
-    assert all(hasattr(module(n), "_chunked_triton") for n in ("swla", "l2_minibatch", "poly_delta_pre"))
-    assert hasattr(module("huber_mlp"), "_minibatch_triton")
+        assert plan_of(name).features == ("poly" in mod.SPEC), name
+    assert plan_of("l2_decay").chunk_family is None  # (exact, state-dependent: the recurrent kernel only)
+    assert all(plan_of(n).chunk_family is not None for n in ("swla", "l2_minibatch", "poly_delta_pre"))
+    assert plan_of("huber_mlp").minibatch
     muon = mirasc.compile_spec("model m { memory = linear(feature=poly, degree=2); bias = l2(window=2, gamma=gate); "
                                "learner = muon(lr=gate, theta=gate) }")
-    assert "muon orthogonalises" in muon.__doc__ and not hasattr(muon, "_fused_recurrent_fwd")
+    assert "muon orthogonalises" in muon.__doc__ and muon.launch_plan(8, 8, device="sm_90")["backend"] == "torch"
 
 
 @pytest.mark.parametrize("name,algorithm", RUNS)
@@ -208,7 +213,8 @@ def test_minibatch_kernels_take_the_window(name, schedule, monkeypatch):
     spec_text, cfg, d, n_tok, cut, tol = MB_CASES[name]
     mod = mb_module(name)
     c, C = mod.WINDOW, mod.MINIBATCH
-    assert hasattr(mod, "_minibatch_triton") and not hasattr(mod, "_chunked_triton") and c > 1
+    plan = mirasc.compile_text(MB_CASES[name][0]).plan
+    assert plan.minibatch and plan.chunk_family is None and c > 1
     assert "mini-batch dual-form kernels" in mod.__doc__
     if schedule == "stream":  # (the weights in global memory, walked in 16-wide tiles)
         monkeypatch.setattr(mod, "MINIBATCH_SCHEDULE", "stream")
@@ -268,7 +274,7 @@ def test_channel_wise_window_coefficient_still_refused():
     mod = mirasc.compile_spec(f"model hv {{ memory = {_MLP_SPEC}; bias = huber(delta=gate(v), mode=coordinate, "
                               "window=3, gamma=gate); retention = decay(alpha=gate); learner = gd(lr=gate); "
                               "parallel = minibatch(4) }")
-    assert not hasattr(mod, "_minibatch_triton")
+    assert not mirasc.compile_text(mod.SPEC).plan.minibatch
     cfg = dict(memory=_MLP, bias=dict(kind="huber", delta="gate(v)", mode="coordinate", window=3, gamma="gate"),
                retention=_DECAY, learner=dict(kind="gd", lr="gate"), parallel=4)
     q, k, v, gates = make_inputs(cfg, 1, 5, 1, 4, 4, f64)
