@@ -1,19 +1,20 @@
-"""The chunk kernels' GPU autotuning spaces and the refusal where they are empty (a launch over an empty space
-would fail inside the autotuner with a TypeError, not with the reason).
+"""The chunk kernels' GPU autotuning spaces and the refusal where they are empty (a launch over an empty space would
+fail inside the autotuner with a TypeError, not with the reason).
 
-The spaces (the module's `_CHUNK_AUTOTUNE`, from mirasc.runtime.chunk_space; `_mom_configs`) are plain Python, so
-this runs on the CPU. At the key widths the feature maps give (Based's Taylor map 1 + D + D(D+1)/2, Hedgehog's 2D)
-beyond the scans' 256 padded key columns, or at a chunk tile whose preparation needs more than the shared memory of
-sm_90 (SMEM_LIMIT[(9, 0)]), a kernel has no configuration; the module must then (a) refuse with a RuntimeError that
-names the kernels, the sizes and `backend='torch'`, before anything launches, (b) let backend="auto" pick torch,
-and (c) keep a non-empty space at the sizes that fit (including heads of 16, whose chunk-parallel spaces need
-16-wide tiles). What a call on an sm_90 GPU decides is read from the module's `launch_plan(..., device="sm_90")`,
-which asks the same route as `apply`; the kernel choice's own guard uses a stand-in object with `type == "cuda"` and
-the module's `_device_smem_limit` patched to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc
-kernels`)."""
+The spaces (mirasc.runtime.chunk_space; the momentum scans' in momentum_host) are plain Python, so this runs on the
+CPU, and a module's `launch_plan(..., device="sm_90")` lists them for a call on that GPU. At the key widths the
+feature maps give (Based's Taylor map 1 + D + D(D+1)/2, Hedgehog's 2D) beyond the scans' 256 padded key columns, or
+at a chunk tile whose preparation needs more than the shared memory of sm_90 (SMEM_LIMIT[(9, 0)]), a kernel has no
+configuration; the module must then (a) refuse with a RuntimeError that names the kernels, the sizes and
+`backend='torch'`, before anything launches, (b) let backend="auto" pick torch, and (c) keep a non-empty space at the
+sizes that fit (including heads of 16, whose chunk-parallel spaces need 16-wide tiles). What a call on an sm_90 GPU
+decides is read from the module's `launch_plan(..., device="sm_90")`, which asks the same route as `apply`; the
+kernel choice's own guard uses a stand-in object with `type == "cuda"` and the module's `_device_smem_limit` patched
+to sm_90's; FIT_SMEM_LIMIT is the same check on CPU tensors (`mirasc kernels`)."""
 
 from __future__ import annotations
 
+import re
 import types
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 import mirasc
+from mirasc.runtime import chunk_space
 
 triton = pytest.importorskip("triton")
 SPEC_DIR = Path(__file__).resolve().parents[2] / "specs"
@@ -42,9 +44,22 @@ def widths(mod, D):
     return mod.feature_dim(D) if hasattr(mod, "feature_dim") else D, D + int(getattr(mod, "NORMALIZE", False))
 
 
-def configs(mod, name, Dk, Dv, BT, smem_limit, prec):
-    """The module's autotuning space of kernel `name` at these sizes (what its autotuner and `mirasc kernels` read)."""
-    return mod._CHUNK_AUTOTUNE[name]({"Nk": Dk, "Nv": Dv, "BT": BT, "PREC": prec}, smem_limit)
+def configs(name, Dk, Dv, BT, smem_limit, prec, ch_decay=False):
+    """The resource model's autotuning space of chunk kernel `name` at these sizes (mirasc.runtime.chunk_space, which
+    a module's autotuner and `mirasc kernels` read with its CH_DECAY)."""
+    return chunk_space._chunk_configs(name, Dk, Dv, BT, smem_limit, prec, ch_decay)
+
+
+def refusal(mod, D, dtype):
+    """Why a call on an sm_90 GPU with backend='triton' has no chunk kernels at heads of D (launch_plan's error)."""
+    with pytest.raises(RuntimeError) as err:
+        mod.launch_plan(D, D, dtype=dtype, device="sm_90", backend="triton")
+    return str(err.value)
+
+
+def named_kernels(msg):
+    """The kernels a refusal says have no configuration."""
+    return set(re.findall(r"(_[a-z_]+) (?:holds|needs)", msg))
 
 
 def on_sm90(mod, monkeypatch):
@@ -62,19 +77,17 @@ SCANS = {"_chunk_state_fwd", "_chunk_state_bwd"}
 def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, dtype, prec, empty):
     mod = mods[name]
     Dk, Dv = widths(mod, D)
-    BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
-    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, sm90(mod), prec)} == empty
+    BT = mod.DEFAULT_CHUNK  # (the chunk tile: 64 rows)
+    # a call on an sm_90 GPU: backend='triton' refuses before any launch, naming the kernels without a configuration
+    msg = refusal(mod, D, dtype)
+    assert named_kernels(msg) == empty, msg
     # the scans' space itself is empty there (registers), whatever the shared memory
-    assert {n for n in mod._CHUNK_LAUNCHED if not configs(mod, n, Dk, Dv, BT, None, prec)} == empty
-    msg = mod._chunk_fit_error(Dk, Dv, BT, prec, sm90(mod))
+    assert all(not configs(n, Dk, Dv, BT, None, prec, mod.CH_DECAY) for n in empty)
     most = "at most 128 with fp32 dots" if prec == "ieee" else "at most 256"
-    for part in (*empty, f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "in registers", most,
+    for part in (f"Dk={Dk}", f"Dv={Dv}", f"{BT} rows", "227 KB", "backend='torch'", "in registers", most,
                  *(["feature map"] if hasattr(mod, "feature_dim") else [])):
         assert part in msg, (part, msg)
-    # a call on an sm_90 GPU: backend='triton' refuses before any launch, backend='auto' runs torch, saying why
-    with pytest.raises(RuntimeError) as err:
-        mod.launch_plan(D, D, dtype=dtype, device="sm_90", backend="triton")
-    assert str(err.value) == msg
+    # backend='auto' runs torch, saying why
     plan = mod.launch_plan(D, D, dtype=dtype, device="sm_90")
     assert plan["backend"] == "torch" and plan["reason"] == msg and plan["kernels"] == {}, plan
     # the GPU branch of the kernel choice never builds an autotuner over an empty space
@@ -84,9 +97,11 @@ def test_empty_space_is_a_refusal(mods, monkeypatch, name, D, dtype, prec, empty
         mod._chunk_kernel(kernel, types.SimpleNamespace(device=CUDA), Dk, Dv, BT, prec)
 
 
-def test_hedgehog_refusal_names_the_ways_out(mods):
+def test_hedgehog_refusal_names_the_ways_out(mods, monkeypatch):
     mod = mods["hedgehog"]
-    msg = mod._chunk_fit_error(512, 257, 64, "tf32", sm90(mod))
+    monkeypatch.setattr(mod, "HALF_DOTS", "tf32")  # (TF32 products of 16-bit inputs, opted in: Dk = 512, Dv = 257)
+    msg = refusal(mod, 256, torch.bfloat16)
+    assert "Dk=512 " in msg and "Dv=257," in msg and "tf32 dots" in msg, msg
     assert "key widths up to 256" in msg and "D <= 128" in msg and "chunk_size <=" not in msg, msg
 
 
@@ -94,8 +109,8 @@ def test_a_chunk_tile_beyond_shared_memory_is_refused_with_the_chunk_sizes_that_
     """The delta rule's preparation holds [BT, BT] tiles: a chunk tile of 256 rows is past sm_90's shared memory
     (the model), while 64 rows fit; the refusal names the chunk sizes that do."""
     mod = mods["gated_deltanet"]
-    assert not configs(mod, "_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
-    assert configs(mod, "_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
+    assert not configs("_wy_fwd", 128, 128, 256, sm90(mod), "bf16")
+    assert configs("_wy_fwd", 128, 128, 256, None, "bf16")  # the model prunes them
     with pytest.raises(RuntimeError) as err:
         mod.launch_plan(128, 128, dtype=torch.bfloat16, device="sm_90", backend="triton", chunk_size=256)
     msg = str(err.value)
@@ -148,31 +163,34 @@ def test_auto_picks_torch_where_nothing_fits(mods, name, D, dtype, triton_expect
 
 
 @pytest.mark.parametrize("name", ["gated_deltanet", "kda", "rwkv7", "momentum_deltanet", "hedgehog"])
-def test_sizes_that_fit_keep_a_space(mods, name):
+def test_sizes_that_fit_keep_a_space(mods, monkeypatch, name):
     """Heads 16..128 fit sm_90 in every dot precision and heads of 256 (Hedgehog: D = 128, Dk = 256) with 16-bit and
-    TF32 products: every launched kernel keeps a configuration, and a call on sm_90 takes the kernels with those
-    configurations (launch_plan). Heads of 16 (and a value width of 16 under wider keys) get 16-wide tiles."""
+    TF32 products: a call on sm_90 takes the kernels, every launched one with configurations (launch_plan; TF32 for
+    16-bit inputs opted in with HALF_DOTS = "tf32"), the same kernels at every size. Heads of 16 (and a value width
+    of 16 under wider keys) get 16-wide tiles."""
     mod = mods[name]
-    BT = mod._chunk_tile(mod.DEFAULT_CHUNK)
     normalizer = int(getattr(mod, "NORMALIZE", False))
+    launched = set()
     for D in ((16, 32, 64, 128) if name == "hedgehog" else (16, 32, 64, 128, 256)):
         Dk, Dv = widths(mod, D)
         for dims, d_v in (((Dk, Dv), D), ((Dk, 16), 16 - normalizer)):
-            for prec in ("ieee", "tf32", "bf16") if max(dims) <= 128 else ("tf32", "bf16"):
-                args = {"Nk": dims[0], "Nv": dims[1], "BT": BT, "PREC": prec}
-                for kernel in mod._CHUNK_LAUNCHED:
-                    assert mod._CHUNK_AUTOTUNE[kernel](args, sm90(mod)), (kernel, args)
-            for dtype in (torch.float32, torch.bfloat16) if max(dims) <= 128 else (torch.bfloat16,):
+            ways = [(torch.bfloat16, mod.HALF_DOTS), (torch.bfloat16, "tf32")] + (
+                [(torch.float32, mod.HALF_DOTS)] if max(dims) <= 128 else [])
+            for dtype, half_dots in ways:
+                monkeypatch.setattr(mod, "HALF_DOTS", half_dots)
                 plan = mod.launch_plan(D, d_v, dtype=dtype, device="sm_90")
                 assert plan["backend"] == "triton" and plan["reason"] is None, (D, d_v, dtype, plan["reason"])
-                assert set(plan["kernels"]) == set(mod._CHUNK_LAUNCHED) and all(plan["kernels"].values())
+                assert plan["kernels"] and all(plan["kernels"].values()), (D, d_v, dtype)
                 assert mod.launch_plan(D, d_v, dtype=dtype, device="sm_90", backend="triton") == plan
+                launched = launched or set(plan["kernels"])
+                assert set(plan["kernels"]) == launched
 
 
-def test_small_heads_get_16_wide_tiles(mods):
+def test_small_heads_get_16_wide_tiles(mods, monkeypatch):
     mod = mods["gated_deltanet"]
+    monkeypatch.setattr(mod, "HALF_DOTS", "tf32")
+    small = mod.launch_plan(16, 16, dtype=torch.bfloat16, device="sm_90")["kernels"]
+    wide = mod.launch_plan(64, 64, dtype=torch.bfloat16, device="sm_90")["kernels"]  # unchanged where the tiles fit
     for kernel in ("_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_grads_bwd"):
-        small = configs(mod, kernel, 16, 16, 64, sm90(mod), "tf32")
-        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in small} == {(16, 16)}
-        wide = configs(mod, kernel, 64, 64, 64, sm90(mod), "tf32")  # unchanged where the tiles fit
-        assert {(c.kwargs["BV"], c.kwargs["BK"]) for c in wide} == {(32, 32), (32, 64), (64, 32), (64, 64)}
+        assert {(c["BV"], c["BK"]) for c in small[kernel]} == {(16, 16)}
+        assert {(c["BV"], c["BK"]) for c in wide[kernel]} == {(32, 32), (32, 64), (64, 32), (64, 64)}
