@@ -207,31 +207,6 @@ def _weight_shapes(spec: S.Spec) -> str:
     return "[" + ", ".join(f"({size[r]}, {size[c]})" for r, c in spec.weight_dims()) + "]"
 
 
-def _init_doc(spec: S.Spec, d: D.Derivation) -> str:
-    m, r = spec.memory, spec.retention
-    if d.positive_domain:
-        scale = f"c = {S.format_value(r.c)}" if r.kind == "kl" else "1"
-        lines = [f"    Weights are positive (the retention needs log W): each row is {scale}·softmax(3·N(0, 1))."]
-    elif m.kind == "linear":
-        lines = ["    Linear memory: W = 0 (an empty memory)."]
-    else:
-        lines = ["    MLP memory: every W_i ~ N(0, 1/fan_in)."]
-    if r.kind == "lq" and float(r.q) != 3.0:
-        lines.append("    W_i is drawn as above and the accumulator is A_i = W_i·‖W_i‖_q^((q-2)/(3-q)),")
-        lines.append("    the A whose readout A / ‖A‖_q^(q-2) is W_i (the readout scales as s^(3-q) when A does;")
-        lines.append("    a linear memory stays 0).")
-    elif r.keeps_accumulator:
-        lines.append("    The accumulator A_i is drawn as above and W_i is its readout, so the pair is consistent.")
-    if spec.learner.momentum_buffer:
-        lines.append("    Momentum buffers S_i start at 0.")
-    if spec.precond:
-        lines.append("    The preconditioner's statistic A [B, H, Dk] starts at 0.")
-    if spec.window > 1:
-        lines.append(f"    The Omega window (the {spec.window - 1} tokens before the first) starts empty: zero keys, "
-                     "values and weights γ = 0.")
-    return "\n".join(lines)
-
-
 def _constants(spec: S.Spec) -> dict[str, float]:
     """The coefficients that are numbers in the spec, and the undeclared ones the update reads (η = 1, α = 1, θ = 0)."""
     r, l = spec.retention, spec.learner
@@ -261,7 +236,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         public = outer.gate_channels()
         subs.update(SPEC=outer.canonical(), GATES=repr(outer.gates), CONSTANTS=repr(dict(sorted(
             _constants(outer).items()))), GATE_CHANNELS=repr({g: side for g, side in public.items() if side}),
-            PER_HEAD=per_head_source(outer, none=True), INIT_DOC=_init_doc(outer, d))
+            PER_HEAD=per_head_source(outer, none=True))
         lrn = outer.learner
         flags.update(precond=True)
         subs["STATISTIC"] = "True"
@@ -281,6 +256,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     retention = torch_retention.for_spec(spec, d.entrywise is not None)
     hooks = torch_retention.hooks(retention)
     subs["UPDATE_RULE"] = torch_retention.step_functions(retention, torch_learner.for_spec(spec))
+    subs["RETENTION_STATE"] = torch_retention.state_functions(retention)
     hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS")))
     body = fill_lines(TEMPLATE, hooks)
     for key, val in subs.items():
@@ -373,7 +349,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ERASE_WRITE": repr(spec.generalized_delta == "erase"),
         "ELEMENTWISE": _elementwise(spec, d),
         "IR_FUNCTIONS": _print_graph(forward, "_memory_forward") + "\n\n" + _print_graph(grad, "_memory_grad"),
-        "INIT_DOC": _init_doc(spec, d),
         "SHAPES": _weight_shapes(spec),
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": "None" if kind is not None else repr(reason),

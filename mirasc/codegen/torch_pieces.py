@@ -77,7 +77,7 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
             "GPU_LIMITS": runtime_source("gpu_limits"), "LAUNCH_PLAN": runtime_source("launch_plan"),
             "INPUTS": runtime_source("inputs"),
             "MEMORY_STATE": runtime_functions("memory_state", ["_state_shapes", "_start", "_finish",
-                                                               "_initial_weights"]),
+                                                               "_initial_weights", "_init_memory_state"]),
             "CHUNK_MATRICES": runtime_functions("chunk_forms", ["_chunk_matrices"]),
             "DUAL_FORM": runtime_functions("chunk_forms", ["_dual_form"]),
             "CHANNEL_CHUNK_FORM": runtime_functions("chunk_forms", ["_channel_chunk_form"]),

@@ -8,11 +8,13 @@ kernels. Each printer gives lines (unindented) for the module's functions and th
   from (decay first under order=pre; a chunk readout's frozen normaliser at a mini-batch's first token);
 - `retain`: the body of `_retain(W, Y, updates, c, carry, first)`, from the updates U to the next weights W (and the
   accumulators Y), which mirasc.runtime.token_step calls once per token;
-- `initial_accumulator`: in init_state, turning the drawn weights `w` into the accumulator stored as A_<name>.
+- `initial_accumulator`: the body of `_initial_accumulator(w, state, name, dtype, device)`, which init_state calls
+  (mirasc.runtime.memory_state): the drawn value `w` as the accumulator stored as A_<name>, and the weights it reads as.
 
 `for_spec` picks the printer for a spec; the facts it reads are the retention's (language/retention.py) and whether
 the parallel form reads the weights at chunk ends (docs/semantics.md: chunk readouts). `step_functions` prints the
-token step's three functions, the learner's (codegen/torch_learner.py) with the retention's two.
+token step's three functions, the learner's (codegen/torch_learner.py) with the retention's two; `state_functions` the
+retention's two of the state.
 """
 
 from __future__ import annotations
@@ -221,9 +223,18 @@ def for_spec(spec: S.Spec, entrywise: bool) -> Plain:
 
 
 def hooks(printer: Plain) -> dict[str, list[str]]:
-    """The template's retention hooks, RETENTION_<NAME>, and their lines."""
-    names = ("functions", "start", "initial_accumulator")
-    return {f"RETENTION_{n.upper()}": getattr(printer, n)() for n in names}
+    """The template's retention hooks and their lines: the module-level helpers the retention reads."""
+    return {"RETENTION_FUNCTIONS": printer.functions()}
+
+
+def state_functions(printer: Plain) -> str:
+    """The retention's part of the state, which mirasc.runtime.memory_state calls: the accumulators at the start of a
+    recurrence, and the weights a drawn initial value reads as."""
+    return _functions((("_accumulators(W, state)", "The retention's accumulators Y at the start of a recurrence from "
+                        "the weights W and the state (None: none).", printer.start() + ["return Y"]),
+                       ("_initial_accumulator(w, state, name, dtype, device)", "The weights a drawn initial value w "
+                        "reads as; where the retention keeps an accumulator, it is stored in the state as A_<name>.",
+                        printer.initial_accumulator() + ["return w"])))
 
 
 def step_functions(printer: Plain, learner: GD) -> str:
@@ -235,6 +246,11 @@ def step_functions(printer: Plain, learner: GD) -> str:
                   printer.before_gradient()),
                  ("_retain(W, Y, updates, c, carry, first)",
                   f"The retention (docs/semantics.md, step 4), {printer.doc}", printer.retain()))
+    return _functions(functions)
+
+
+def _functions(functions: tuple[tuple[str, str, list[str]], ...]) -> str:
+    """Functions from their heads, docstrings and bodies, two blank lines apart."""
     return "\n\n\n".join("\n".join([f"def {head}:", *_docstring(doc), *(f"    {line}" for line in lines)])
                           for head, doc, lines in functions)
 

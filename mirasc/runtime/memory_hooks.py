@@ -63,6 +63,14 @@ def _accumulators(W, state):
     return [state["A_" + n] for n in WEIGHTS] if "A_" + WEIGHTS[0] in state else None
 
 
+def _initial_accumulator(w, state, name, dtype, device):
+    """The weights a drawn initial value `w` reads as (a module prints its retention's: mirasc.codegen.
+    torch_retention): here a retention that keeps its accumulator, stored as A_<name>, and reads it through
+    _readout."""
+    state["A_" + name] = w.to(dtype=dtype, device=device)
+    return _readout(w)
+
+
 def _per_head_coefficients(H, device):
     """The coefficients constant over tokens with one value per head h = 0..H-1 (the spec's per-head constants, each
     [H] in float64): here an Omega-rule token weight γ_h = 1 − 2^-(h+1)."""

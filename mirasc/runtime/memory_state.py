@@ -3,15 +3,31 @@ torch_backend; docs/module-api.md, "init_state"): the tensors it holds beside th
 recurrence built from it and returned as it. What a spec keeps is the module's constants (ACCUMULATORS,
 MOMENTUM_BUFFERS, STATISTIC, the Omega window's WINDOW, WINDOW_COEFS, WINDOW_STATE); the retention's accumulators at
 the start of a recurrence are its printed `_accumulators`, and `_init_memory_state` starts each weight with
-`_initial_weights` (mirasc.runtime.memory_spec and memory_hooks have
-examples)."""
+`_initial_weights`, the accumulator beside it with the retention's printed `_initial_accumulator`
+(mirasc.runtime.memory_spec and memory_hooks have examples)."""
 
 import math
 
 import torch
 
-from .memory_hooks import WEIGHTS, WINDOW, WINDOW_COEFS, WINDOW_STATE, _accumulators, _weight_shapes
-from .memory_spec import ACCUMULATORS, GATE_CHANNELS, MOMENTUM_BUFFERS, POSITIVE_SCALE, STATISTIC, WEIGHT_INIT
+from .memory_hooks import (
+    WEIGHTS,
+    WINDOW,
+    WINDOW_COEFS,
+    WINDOW_STATE,
+    _accumulators,
+    _initial_accumulator,
+    _weight_shapes,
+)
+from .memory_spec import (
+    ACCUMULATORS,
+    GATE_CHANNELS,
+    MOMENTUM_BUFFERS,
+    POSITIVE_SCALE,
+    RESIDUAL,
+    STATISTIC,
+    WEIGHT_INIT,
+)
 
 
 def _state_shapes(d_k, d_v):
@@ -64,3 +80,24 @@ def _initial_weights(batch, heads, rows, cols, generator):
     if WEIGHT_INIT == "softmax":
         return torch.softmax(3.0 * x, dim=-1) * POSITIVE_SCALE
     return x / math.sqrt(cols)
+
+
+def _init_memory_state(batch, heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None):
+    """The default initial state (docs/module-api.md, "init_state"): each weight drawn as WEIGHT_INIT says
+    (_initial_weights), read through the retention's accumulator where it keeps one (_initial_accumulator); momentum
+    buffers, the preconditioner's statistic and the Omega window at zero (no token before the first: γ = 0 weighs
+    nothing). With generator=None a fixed seed (0) is used, so the default state is deterministic."""
+    if RESIDUAL and d_k != d_v:
+        raise ValueError(f"memory residual=true maps x -> x + y and needs d_k == d_v (got d_k={d_k}, d_v={d_v})")
+    if generator is None:
+        generator = torch.Generator(device="cpu").manual_seed(0)
+    state = {}
+    for name, (rows, cols) in zip(WEIGHTS, _weight_shapes(d_k, d_v)):
+        w = _initial_accumulator(_initial_weights(batch, heads, rows, cols, generator), state, name, dtype, device)
+        state[name] = w.to(dtype=dtype, device=device)
+        if MOMENTUM_BUFFERS:
+            state["S_" + name] = torch.zeros(batch, heads, rows, cols, dtype=dtype, device=device)
+    for name, shape in _state_shapes(d_k, d_v).items():
+        if name not in state:
+            state[name] = torch.zeros(batch, heads, *shape, dtype=dtype, device=device)
+    return state

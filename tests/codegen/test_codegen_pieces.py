@@ -42,8 +42,9 @@ def test_every_retention_hook_has_one_place_in_the_torch_template():
     from mirasc.language.frontend import parse_text
 
     spec = parse_text("model m { memory = linear; bias = l2; retention = decay; learner = gd }")
-    names = [*torch_retention.hooks(torch_retention.for_spec(spec, False)), "UPDATE_RULE", "TOKEN_STEP"]
-    assert len(names) == 5
+    names = [*torch_retention.hooks(torch_retention.for_spec(spec, False)), "RETENTION_STATE", "UPDATE_RULE",
+             "TOKEN_STEP"]
+    assert len(names) == 4
     for name in names:
         assert torch_backend.TEMPLATE.count("{{" + name + "}}") == 1, name
 
