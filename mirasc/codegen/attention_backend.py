@@ -64,7 +64,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
         "NO_TRITON_REASON": "None" if has_triton else repr(reason), "REMAINDER": repr(m.remainder),
         "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
-        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec),
+        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec, none=True),
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
         "ATTENTION_API": runtime_functions("attention_api", list(API) + ([] if has_triton else list(NO_TRITON))),
@@ -80,7 +80,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
             list(FLASH_HOST) if m.kernel == "softmax" else [])),
         "STICKBREAKING_HOST": runtime_functions("stickbreaking_host", list(STICKBREAKING_HOST)),
     }
-    body = fill_lines(TEMPLATE, {"PER_HEAD_DECAY": section("per_head_decay") if spec.per_head() else []})
+    body = TEMPLATE
     if has_triton:
         softmax = m.kernel == "softmax"
         body += fill_lines(TRITON, {"READ_NOTE": section("flash_note" if softmax else "stickbreaking_note"),

@@ -6,10 +6,10 @@ backend='triton' with the reason. The spec's choices are the module's (mirasc.ru
 
 import torch
 
-from .attention_spec import CAUSAL, DEFAULT_CHUNK, GATES, HEAD_MIX, HOPS, NO_TRITON_REASON, _coefficients
+from .attention_spec import CAUSAL, DEFAULT_CHUNK, GATES, HEAD_MIX, HOPS, NO_TRITON_REASON
 from .inputs import _check_dtypes, _check_gates, _check_types, _offsets
 from .launch_plan import _plan
-from .nonparametric import PARAM_NAMES, _chunked, _cross, _recurrent, init_params, init_state
+from .nonparametric import PARAM_NAMES, _chunked, _coefficients, _cross, _recurrent, init_params, init_state
 
 
 def apply(q, k, v, gates=None, *, state=None, params=None, backend="auto", algorithm="auto", chunk_size=None,

@@ -9,7 +9,7 @@ module sets its own)."""
 import torch
 import triton
 
-from .attention_spec import CAUSAL, DECAY, OP_ID, SINK, WINDOW, _coefficients
+from .attention_spec import CAUSAL, DECAY, OP_ID, SINK, WINDOW
 from .custom_ops import _register_op
 from .flash_space import _FLASH_KERNELS, _flash_configs
 from .gpu_limits import _device_smem_limit
@@ -17,7 +17,7 @@ from .inputs import _check_triton_device
 from .kernels.attention import _flash_bwd_delta
 from .kernels.flash import _flash_bwd_dkdv, _flash_bwd_dq, _flash_fwd
 from .launch_plan import _auto_reason
-from .nonparametric import _scale, _trim
+from .nonparametric import _coefficients, _scale, _trim
 
 
 def _attention_backend(backend, device):

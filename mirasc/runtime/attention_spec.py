@@ -24,6 +24,6 @@ OP_ID = "0123456789ab"  # the Triton ops' names: mirasc::<kind>_<OP_ID>, the spe
 
 
 
-def _coefficients(gates, like, d_v=None):
-    """The op's per-token inputs as the algorithms read them (the emitted module's; here: none, no decay)."""
+def _per_head_coefficients(H, device):
+    """The spec's per-head constants, each [H] in float64 (the emitted module prints its own; here: none)."""
     return {}

@@ -25,13 +25,33 @@ from .attention_spec import (
     TEMPORAL,
     TYING,
     WINDOW,
-    _coefficients,
+    _per_head_coefficients,
 )
 from .layer_state import _keep_rows
 
 
 def _scale(d_k):
     return 1.0 / math.sqrt(d_k) if SCALE is None else SCALE
+
+
+def _coefficients(gates, like, d_v=None):
+    """The op's per-token inputs as the algorithms read them: {"log_alpha": [B, H, T]} with a decay (log of the
+    forget gate, of the per-head constant or of the constant α; like: q [B, T, H, Dk]), else {}."""
+    if DECAY is None:
+        return {}
+    if DECAY == "gate":
+        alpha = gates["alpha"].to(like.dtype)
+        # α = 0 forgets everything before: log 0 is floored at the dtype's smallest normal number (−87 in fp32,
+        # −708 in fp64), a weight exp(−87) that vanishes next to the pair's own weight 1, and never −inf − −inf.
+        log_alpha = torch.log(alpha.clamp_min(torch.finfo(like.dtype).tiny))
+        return {"log_alpha": log_alpha.transpose(1, 2)}
+    floor = math.log(torch.finfo(like.dtype).tiny)
+    if DECAY == "per_head":  # a constant forget gate per head (e.g. ALiBi's slopes), the same floor at α = 0
+        alpha = _per_head_coefficients(like.shape[2], like.device)["alpha"]
+        log_alpha = torch.log(alpha.clamp_min(math.exp(floor))).to(like.dtype)
+        return {"log_alpha": log_alpha[None, :, None].expand(like.shape[0], -1, like.shape[1]).contiguous()}
+    log_alpha = math.log(DECAY) if DECAY > 0 else floor
+    return {"log_alpha": like.new_full((like.shape[0], like.shape[2], like.shape[1]), log_alpha)}
 
 
 def init_params(heads, d_k, d_v, *, dtype=torch.float32, device="cpu", generator=None, layer_idx=0):

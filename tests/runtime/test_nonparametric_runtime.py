@@ -4,6 +4,7 @@ it: each sets every spec choice the path reads in its own header (docs/semantics
 from __future__ import annotations
 
 import ast
+import math
 import re
 from pathlib import Path
 
@@ -82,3 +83,27 @@ def test_a_sliding_window_reads_only_the_last_pairs(monkeypatch):
         s0 = max(0, t - 2)
         w = torch.softmax((q[:, :, t:t + 1] @ k[:, :, s0:t + 1].transpose(-1, -2)) / 2.0, dim=-1)  # 1/sqrt(4)
         assert torch.allclose(o[:, :, t:t + 1], w @ v[:, :, s0:t + 1], rtol=1e-12), t
+
+
+def test_the_forget_gate_reaches_the_algorithms_as_log_alpha(monkeypatch):
+    """_coefficients: no decay, none; the gate α as log α [B, H, T], floored at the dtype's smallest normal number
+    where α = 0 (never −inf); a per-head constant and a constant α as the same log per head or everywhere."""
+    B, T, H = 2, 5, 3
+    like = torch.zeros(B, T, H, 4, dtype=D64)
+    assert npm._coefficients({}, like) == {}
+    alpha = torch.rand(B, T, H, dtype=D64)
+    alpha[0, 2, 1] = 0.0
+    monkeypatch.setattr(npm, "DECAY", "gate")
+    got = npm._coefficients({"alpha": alpha}, like)["log_alpha"]
+    floor = torch.finfo(D64).tiny
+    assert got.shape == (B, H, T) and torch.equal(got, torch.log(alpha.clamp_min(floor)).transpose(1, 2))
+    assert torch.isfinite(got).all() and got[0, 1, 2] == torch.log(torch.tensor(floor, dtype=D64))
+    monkeypatch.setattr(npm, "DECAY", "per_head")
+    monkeypatch.setattr(npm, "_per_head_coefficients",
+                        lambda n, device: {"alpha": torch.tensor([0.5, 0.9, 0.0], dtype=D64)[:n]})
+    got = npm._coefficients({}, like)["log_alpha"]
+    assert got.shape == (B, H, T) and torch.allclose(got[1, :2, 3], torch.log(torch.tensor([0.5, 0.9], dtype=D64)))
+    assert torch.isfinite(got).all()
+    monkeypatch.setattr(npm, "DECAY", 0.25)
+    got = npm._coefficients({}, like)["log_alpha"]
+    assert got.shape == (B, H, T) and torch.allclose(got, torch.full((B, H, T), math.log(0.25), dtype=D64))
