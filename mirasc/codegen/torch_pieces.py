@@ -1,7 +1,7 @@
 """Which runtime pieces (mirasc/runtime/) a parametric memory's module carries, by template slot: the op and its
 state, the route, the torch chunked algorithm of the spec's form with its entry, the variants' own pieces (the Layer's
 decoding hooks, a multi-step learner's, a composite memory's, the preconditioner's) and the Triton family's run.
-The choices come from the spec, the template flags (mirasc.codegen.torch_backend) and the Plan (mirasc/plan.py).
+The choices come from the spec, its flags (mirasc.codegen.torch_backend._flags) and the Plan (mirasc/plan.py).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ CHUNK_SECTIONS = (
 
 def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) -> dict[str, str]:
     """The template slots that runtime pieces fill, for the spec (`outer`: as written; `spec`: the memory's, the
-    inner spec of a precond learner), its template flags and its Plan."""
+    inner spec of a precond learner), its flags and its Plan."""
     subs = {"SEGMENTS": runtime_source("segments"), "CHANNEL_DECAY": runtime_source("channel_decay"),
             "PACKING": runtime_source("packing"), "MULTISTEP": runtime_source("multistep"),
             "GPU_LIMITS": runtime_source("gpu_limits"), "LAUNCH_PLAN": runtime_source("launch_plan"),
