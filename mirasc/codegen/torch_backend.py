@@ -293,14 +293,12 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     channel_decay = channel_decay_side(spec)
     chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # docs/semantics.md: chunk readouts (lq or kl)
     return {
-        "minibatch": par.kind == "minibatch",
         "chunked": kind is not None,  # a chunked form exists (CHUNKED; algorithm='chunked' is refused otherwise)
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
         "token_readout": r.mapped and not chunk_readout,
         "pre_decay": r.kind == "decay" and r.order == "pre",
         "muon": l.kind == "muon",
-        "has_S": l.momentum_buffer,  # a momentum buffer S_i per weight in the state
         "omega": spec.window > 1,
         "poly_features": bool(spec.poly_degree),
         "chunk_muon": kind == "muon",
@@ -400,7 +398,6 @@ def _triton_flags(the_plan: Plan) -> dict[str, bool]:
     """The template's Triton flags, from the Plan."""
     return {
         "triton": the_plan.triton,
-        "triton_features": the_plan.features,
         "triton_chunked": the_plan.chunk_family is not None,
         "triton_minibatch": the_plan.minibatch,
         "chunk_readout_triton": the_plan.chunk_readout and the_plan.triton,

@@ -41,12 +41,11 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
     r = spec.retention
     sides = spec.gate_channels()
     flags = {"chunk_hebbian": family == "hebbian", "chunk_delta": family == "delta",
-             "chunk_gdelta": family == "gdelta", "chunk_momentum": family == "momentum",
              "gdelta_write": spec.generalized_delta == "erase",
              "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
-             "pre_decay": r.kind == "decay" and r.order == "pre", "minibatch": spec.parallel.kind == "minibatch",
-             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k", "lq_scale": lq_scale,
+             "pre_decay": r.kind == "decay" and r.order == "pre",
+             "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k",
              "wy_kernels": family == "delta" and sides.get("alpha") != "k",  # the preparation as kernels
              "wy_scores": family == "delta" and sides.get("alpha") == "k",  # (on the scores kernels' P)
              # a key-channel decay's scores, preparation and scan as one op (plan.one_chunk_op)
