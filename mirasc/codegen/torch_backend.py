@@ -25,7 +25,8 @@ LAYER = (TEMPLATES / "layer.py.tmpl").read_text()
 SECTIONS = (("precond", "PRECOND_SECTION", "precond"),
             ("chunk_readout_triton", "CHUNK_READOUT_SECTION", "chunk_readout"),
             ("multistep", "VARIANT_SECTION", "multistep"), ("composite", "VARIANT_SECTION", "composite"))
-# The header's constants that only some choices have: the flag that keeps each, and its lines
+# The header's constants that only some choices have: the flag that keeps each, and its lines (a retention's and a
+# learner's own constants come from their printers, torch_retention and torch_learner)
 CHOICES = (
     ("multistep", "# Inner gradient steps per token (a multi-step learner): k, v, η and the EXTRAS come STEPS per "
                   "token\n# ([B, T, H, STEPS, ...]); the memory runs them as T·STEPS sub-steps, the retention's α at "
@@ -35,11 +36,7 @@ CHOICES = (
                "_dot_precision)"),
     ("channel_minibatch", 'CHANNEL_SIDE = "{{CHANNEL_SIDE}}"  # the weight side the channel-wise decays scale: "k" '
                           'columns, "v" rows'),
-    ("kl", "KL_C = {{KL_C}}  # kl's c: each row of the weights sums to c"),
-    ("muon", "NS_STEPS = {{NS_STEPS}}  # Newton–Schulz iterations of muon's orthogonalisation\n"
-             "NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)"),
     ("poly_features", "POLY_DEGREE = {{POLY_DEGREE}}  # p of the memory's polynomial feature map φ_p"),
-    ("lq", "LQ_Q = {{LQ_Q}}  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"),
 )
 
 
@@ -253,11 +250,12 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
     subs["POSITIVE_WEIGHTS"] = repr(d.positive_domain and not flags["chunk_kl"])
     subs.update(torch_pieces.pieces(outer, spec, flags, the_plan))
-    retention = torch_retention.for_spec(spec, d.entrywise is not None)
+    retention, learner = torch_retention.for_spec(spec, d.entrywise is not None), torch_learner.for_spec(spec)
     hooks = torch_retention.hooks(retention)
-    subs["UPDATE_RULE"] = torch_retention.step_functions(retention, torch_learner.for_spec(spec))
+    subs["UPDATE_RULE"] = torch_retention.step_functions(retention, learner)
     subs["RETENTION_STATE"] = torch_retention.state_functions(retention)
     hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS")))
+    hooks["CHOICES"] += retention.header() + learner.header()
     body = fill_lines(TEMPLATE, hooks)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
@@ -303,7 +301,6 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "poly_features": bool(spec.poly_degree),
         "chunk_muon": kind == "muon",
         "implicit": l.kind == "implicit",
-        "lq": r.kind == "lq", "kl": r.kind == "kl",  # (their constants, LQ_Q and KL_C)
         "layernorm": m.layernorm,
         "composite": spec.composite,
         "hedgehog": spec.feature == "hedgehog",
@@ -341,8 +338,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
         "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
-        "KL_C": repr(float(r.c)) if r.kind == "kl" else "None",
-        "LQ_Q": repr(float(r.q)) if r.kind == "lq" else "None",
         "RESIDUAL": repr(spec.memory.adds_input),
         "ERASE_WRITE": repr(spec.generalized_delta == "erase"),
         "ELEMENTWISE": _elementwise(spec, d),
@@ -360,7 +355,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
         "WEIGHT_INIT": "softmax" if d.positive_domain else "zeros" if spec.memory.kind == "linear" else "normal",
-        "NS_STEPS": str(getattr(spec.learner, "ns_steps", 0)),
         "POLY_DEGREE": str(spec.poly_degree),
         "PRECOND": "None",
     }

@@ -1,5 +1,6 @@
 """A learner's part of the torch module's token recurrence (docs/semantics.md, step 3): from the gradients of the
-weights to their updates U, one printer per learner. Each prints the body of `_learn(grads, S, c)` (the gradients, the
+weights to their updates U, one printer per learner. Each prints its parameters' module constants (`header`) and the
+body of `_learn(grads, S, c)` (the gradients, the
 momentum buffers S where the learner keeps them, else None, and the token's coefficients; it returns the updates and
 the buffers), which mirasc.runtime.token_step calls once per token and a chunk readout's lag token once per chunk;
 codegen/torch_retention.py prints it with the retention's functions."""
@@ -13,6 +14,13 @@ class GD:
     """U = −η g (gd; implicit too: its proximal factor is in the gradient graph, docs/semantics.md)."""
 
     doc = "gd: U = −η g."
+
+    def __init__(self, spec: S.Spec):
+        self.l = spec.learner
+
+    def header(self) -> list[str]:
+        """The module constants of the learner's parameters (none for most)."""
+        return []
 
     def learn(self) -> list[str]:
         return ['return [-c["eta"] * grad for grad in grads], S']
@@ -33,6 +41,10 @@ class Muon(GD):
 
     doc = "muon: S_t = θ_t S_{t−1} + g_t, U = −η_t NS(S_t)."
 
+    def header(self) -> list[str]:
+        return [f"NS_STEPS = {self.l.ns_steps}  # Newton–Schulz iterations of muon's orthogonalisation",
+                "NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)"]
+
     def learn(self) -> list[str]:
         return ['S = [_on_weight("theta", c["theta"]) * s + grad for s, grad in zip(S, grads)]  # Atlas Eq. 33: '
                 "momentum of the raw gradient",
@@ -41,4 +53,4 @@ class Muon(GD):
 
 
 def for_spec(spec: S.Spec) -> GD:
-    return {"momentum": Momentum, "muon": Muon}.get(spec.learner.kind, GD)()
+    return {"momentum": Momentum, "muon": Muon}.get(spec.learner.kind, GD)(spec)
