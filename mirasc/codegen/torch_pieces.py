@@ -38,8 +38,9 @@ def default_layer_hooks(spec: S.Spec) -> list[str]:
 
 
 # The memory's op (mirasc/runtime/memory_api.py), and the run backend='triton' takes with each Triton family
-MEMORY_API = ("_packed_on_chunk_kernels", "_packed_padded_apply", "_apply_memory", "apply", "init_state",
-              "init_params", "_initial_state", "_preconditioned")
+MEMORY_API = ("_packed_per_sequence", "_packed_on_kernels", "_packed_on_chunk_kernels", "_packed_padded_apply",
+              "_apply_memory", "apply", "init_state", "init_params", "_initial_state", "_preconditioned")
+ONE_LAUNCH = {"_packed_on_kernels", "_packed_on_chunk_kernels", "_packed_padded_apply"}  # (packed sequences: PACKED)
 TRITON_RUNS = {"chunk_readout": "_run_chunk_readout", "chunk": "_run_chunk_kernels",
                "minibatch": "_run_minibatch_kernels", "recurrent": "_run_recurrent_kernel"}
 RULE = "# " + "-" * 94
@@ -73,7 +74,7 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     """The template slots that runtime pieces fill, for the spec (`outer`: as written; `spec`: the memory's, the
     inner spec of a precond learner), its flags and its Plan."""
     subs = {"SEGMENTS": runtime_source("segments"), "CHANNEL_DECAY": runtime_source("channel_decay"),
-            "PACKING": runtime_source("packing"), "MULTISTEP": runtime_source("multistep"),
+            "MULTISTEP": runtime_source("multistep"),
             "GPU_LIMITS": runtime_source("gpu_limits"), "LAUNCH_PLAN": runtime_source("launch_plan"),
             "INPUTS": runtime_source("inputs"),
             "MEMORY_STATE": runtime_functions("memory_state", ["_state_shapes", "_start", "_finish",
@@ -133,8 +134,11 @@ def _memory_api(own: set[str], the_plan: Plan) -> dict[str, str]:
     family = (None if not the_plan.triton else "chunk_readout" if the_plan.chunk_readout
               else "chunk" if the_plan.chunk_family is not None else "minibatch" if the_plan.minibatch
               else "recurrent")
-    names = [n for n in MEMORY_API if n not in own] + ([TRITON_RUNS[family]] if family else [])
+    names = [n for n in MEMORY_API if n not in own and (the_plan.packed or n not in ONE_LAUNCH)]
+    names += [TRITON_RUNS[family]] if family else []
     return {"MEMORY_API": runtime_functions("memory_api", names), "TRITON_RUN": TRITON_RUNS.get(family, "None"),
+            "PACKED_APPLY": "_packed_on_kernels" if the_plan.packed else "_packed_per_sequence",
+            "PACKING": runtime_functions("packing", ["_packed"] + (["_packed_padded"] if the_plan.packed else [])),
             "HALF_IN_PLACE": repr(the_plan.half_in_place), "PACKED": repr(the_plan.packed),
             "REST_KERNELS": "_chunked_triton" if the_plan.chunk_family is not None else "_minibatch_triton"}
 

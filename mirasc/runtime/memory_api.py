@@ -22,6 +22,21 @@ from .routes import _dot_precision, _route
 from .token_step import _recurrent
 
 
+def _packed_per_sequence(q, k, v, gates, state, params, backend, algorithm, chunk_size, cu_seqlens, extras, out):
+    """Packed sequences (cu_seqlens) run one call per sequence (`_packed`)."""
+    return _packed(lambda q, k, v, g, s, x: _apply_memory(q, k, v, g, state=s, params=params, backend=backend,
+                                                          algorithm=algorithm, chunk_size=chunk_size, extras=x,
+                                                          _out=out),
+                   q, k, v, gates, state, cu_seqlens, extras)
+
+
+def _packed_on_kernels(q, k, v, gates, state, params, backend, algorithm, chunk_size, cu_seqlens, extras, out):
+    """Packed sequences in one launch of the chunk kernels where the call takes them, else one call per sequence."""
+    if _packed_on_chunk_kernels(q, v, backend, algorithm, chunk_size):
+        return _packed_padded_apply(q, k, v, gates, state, cu_seqlens, chunk_size, extras, out)
+    return _packed_per_sequence(q, k, v, gates, state, params, backend, algorithm, chunk_size, cu_seqlens, extras, out)
+
+
 def _packed_on_chunk_kernels(q, v, backend, algorithm, chunk_size):
     """Whether packed sequences run in one launch of the chunk or mini-batch kernels (else one call per sequence)."""
     if not PACKED or q.dim() != 4 or v.dim() != 4:  # (the call per sequence refuses malformed inputs)
@@ -60,12 +75,7 @@ def _apply_memory(q, k, v, gates=None, *, state=None, params=None, backend="auto
     the inputs' by default.)"""
     _check_types(q, k, v, gates, extras)
     if cu_seqlens is not None:
-        if _packed_on_chunk_kernels(q, v, backend, algorithm, chunk_size):
-            return _packed_padded_apply(q, k, v, gates, state, cu_seqlens, chunk_size, extras, _out)
-        return _packed(lambda q, k, v, g, s, x: _apply_memory(q, k, v, g, state=s, params=params, backend=backend,
-                                                              algorithm=algorithm, chunk_size=chunk_size, extras=x,
-                                                              _out=_out),
-                       q, k, v, gates, state, cu_seqlens, extras)
+        return _packed_apply(q, k, v, gates, state, params, backend, algorithm, chunk_size, cu_seqlens, extras, _out)
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', not {backend!r}")
     if params:
@@ -180,3 +190,4 @@ def _run_recurrent_kernel(q, k, v, c, state, chunked, chunk, prec, pad_mask):
 
 
 _triton_run = _run_chunk_kernels  # (the module's own names its family's run above, or None without Triton kernels)
+_packed_apply = _packed_on_kernels  # (the module's own: _packed_per_sequence where PACKED is False)

@@ -106,3 +106,19 @@ def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
     linear = compile_text((specs / "deltanet.miras").read_text(encoding="utf-8")).source
     assert "def _on_weight(" in linear and "def _layernorm(" not in linear and "def _newton_schulz(" not in linear
     assert "def _token_step(" in linear and "def _lag_step(" not in linear and "def _statistic_scan(" not in linear
+
+
+def test_only_a_module_whose_kernels_take_packed_sequences_carries_the_one_launch_path():
+    """PACKED (the Plan's `packed`): the module runs cu_seqlens through _packed_on_kernels (one launch of its chunk
+    kernels as a padded batch where a call takes them) and carries that path; without it, one call per sequence and
+    none of the one-launch pieces."""
+    from mirasc.compiler import compile_text
+
+    specs = Path(__file__).resolve().parents[2] / "specs"
+    for name, packed in (("gated_deltanet", True), ("titans", True), ("memora", False), ("moneta_token", False)):
+        out = compile_text((specs / f"{name}.miras").read_text(encoding="utf-8"))
+        assert out.plan.packed == packed and f"\nPACKED = {packed}  #" in out.source, name
+        assert f"\n_packed_apply = {'_packed_on_kernels' if packed else '_packed_per_sequence'}\n" in out.source, name
+        for piece in ("def _packed_on_kernels(", "def _packed_padded_apply(", "def _packed_padded("):
+            assert (piece in out.source) == packed, (name, piece)
+        assert "def _packed_per_sequence(" in out.source and "def _packed(" in out.source, name
