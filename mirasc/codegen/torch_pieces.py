@@ -214,9 +214,10 @@ def _memory_ops(flags: dict[str, bool]) -> dict[str, str]:
     reads = ["_dense", "_per_token"] + (["_layernorm", "_layernorm_backward"] if flags["layernorm"] else [])
     steps = (["_newton_schulz"] if flags["muon"] else []) \
         + (["_poly_features", "_feature_width"] if flags["poly_features"] else []) + ["_token_coefs", "_on_weight"]
-    token_step = ["_per_row", "_window_factors", "_token_step", "_recurrent", "_read_tokens"] + (
+    factors = "_window_factors" if flags["omega"] else "_token_grad"
+    token_step = ["_per_row", factors, "_token_step", "_recurrent", "_read_tokens"] + (
         ["_kl_step", "_lag_step"] if flags["chunk_kl"] else [])  # (a chunk readout's lag token: kl's)
     return {"MEMORY_READS": runtime_functions("memory_ops", reads),
             "MEMORY_STEPS": runtime_functions("memory_ops", steps),
-            "TOKEN_STEP": runtime_functions("token_step", token_step),
+            "TOKEN_STEP": runtime_functions("token_step", token_step), "TOKEN_FACTORS": factors,
             "PRECONDITIONER": runtime_source("precond")}

@@ -10,8 +10,9 @@ chose comes in through three printed functions (mirasc.codegen.torch_retention a
 - `_retain(W, Y, updates, c, carry, first)`: the retention, from the updates to the next weights W (and the
   accumulators Y it keeps).
 
-The rest is the spec's constants (MINIBATCH, WINDOW_COEFS, ERASE_WRITE) and the memory's printed `_memory_grad`
-and `_memory_forward` (mirasc.runtime.memory_spec and memory_hooks have examples)."""
+The rest is the spec's constants (MINIBATCH, WINDOW_COEFS, ERASE_WRITE), the memory's printed `_memory_grad` and
+`_memory_forward` (mirasc.runtime.memory_spec and memory_hooks have examples), and which gradient a token takes,
+`_token_factors`: its own (`_token_grad`), or the Omega window's (`_window_factors`)."""
 
 import torch
 
@@ -37,6 +38,11 @@ def _per_row(first, new, old):
     return torch.where(first.view(-1, *([1] * (new.dim() - 1))), new, old)
 
 
+def _token_grad(carry, at, k_t, v_t, c_t):
+    """The gradient's factors at the weights `at`, this token's alone: (δ_i, x_i) per weight i, ∇_{W_i} ℓ = δ_i x_iᵀ."""
+    return _memory_grad(at, k_t, v_t, c_t)
+
+
 def _window_factors(carry, at, k_t, v_t, c_t):
     """The Omega rule's gradient factors: ∇ Σ_{i=t−c+1..t} γ_i ℓ(W; k_i, v_i), every term at the same weights `at`; the
     window is the carried c − 1 previous tokens and this one, each with its own coefficients, and moves on by one."""
@@ -59,8 +65,7 @@ def _token_step(carry, q_t, k_t, v_t, c_t, params=None):
         if torch.is_tensor(first) or first:
             carry["anchor"] = tuple(_per_row(first, w, a) for w, a in zip(W, carry["anchor"]))
         at = carry["anchor"]
-    # the gradient's factors at `at`, over the Omega window where the spec has one (the carry's "win")
-    factors = _memory_grad(at, k_t, v_t, c_t) if carry["win"] is None else _window_factors(carry, at, k_t, v_t, c_t)
+    factors = _token_factors(carry, at, k_t, v_t, c_t)  # (over the Omega window under the Omega rule)
     grads = [delta_i.transpose(-1, -2) @ input_i for delta_i, input_i in factors]  # ∇_{W_i} ℓ = Σ_r δ_r x_rᵀ
     updates, S = _learn(grads, carry["S"], c_t)
     if ERASE_WRITE:  # l2(erase=kappa): the write v kᵀ, at unit rate
@@ -107,3 +112,6 @@ def _lag_step(W, S, q1, k1, v1, g1):
     updates, S = _learn(grads, S, g1)
     W = [_kl_step(w, update, _on_weight("alpha", g1["alpha"])) for w, update in zip(W, updates)]
     return _memory_forward(_dense(W), q1), W, S
+
+
+_token_factors = _token_grad  # (the module's own: _window_factors under the Omega rule)

@@ -85,7 +85,8 @@ def test_the_language_model_source_runs_standalone(monkeypatch):
 def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
     """Atlas (an MLP memory with LayerNorm, muon, polynomial features) carries every function of
     mirasc/runtime/memory_ops.py verbatim, a precond spec every one of precond.py, and every parametric memory the token
-    recurrence of token_step.py (a chunk readout of kl its lag token too); a linear memory only the ops it reads."""
+    recurrence of token_step.py (a chunk readout of kl its lag token too, the Omega rule its window's gradient); a
+    linear memory only the ops it reads."""
     import inspect
     from pathlib import Path
 
@@ -93,16 +94,23 @@ def test_the_memory_ops_an_emitted_module_carries_are_the_runtime_module_s():
     from mirasc.runtime import memory_ops, precond, token_step
 
     def functions(module):
-        return [n for n, f in vars(module).items() if inspect.isfunction(f) and f.__module__ == module.__name__]
+        return [n for n, f in vars(module).items()
+                if inspect.isfunction(f) and f.__module__ == module.__name__ and f.__name__ == n]  # (no aliases)
 
     specs = Path(__file__).resolve().parents[2] / "specs"
     atlas = compile_text((specs / "atlas.miras").read_text(encoding="utf-8")).source
     pre = compile_text((specs / "precond_gated_deltanet.miras").read_text(encoding="utf-8")).source
     memora = compile_text((specs / "memora.miras").read_text(encoding="utf-8")).source
-    assert len(functions(memory_ops)) == 9 and len(functions(precond)) == 6 and len(functions(token_step)) == 7
+    omega = compile_text((specs / "omega_yaad.miras").read_text(encoding="utf-8")).source
+    assert len(functions(memory_ops)) == 9 and len(functions(precond)) == 6 and len(functions(token_step)) == 8
     for module, source in ((memory_ops, atlas), (precond, pre), (token_step, memora)):
         for name in functions(module):
-            assert inspect.getsource(getattr(module, name)) in source, (module.__name__, name)
+            if name != "_window_factors":  # (the Omega rule's gradient: only its modules carry it)
+                assert inspect.getsource(getattr(module, name)) in source, (module.__name__, name)
+    # which gradient a token takes: its own, or the Omega window's (and only that one is carried)
+    assert "\n_token_factors = _token_grad\n" in memora and "def _window_factors(" not in memora
+    assert "\n_token_factors = _window_factors\n" in omega and "def _token_grad(" not in omega
+    assert inspect.getsource(token_step._window_factors) in omega
     linear = compile_text((specs / "deltanet.miras").read_text(encoding="utf-8")).source
     assert "def _on_weight(" in linear and "def _layernorm(" not in linear and "def _newton_schulz(" not in linear
     assert "def _token_step(" in linear and "def _lag_step(" not in linear and "def _statistic_scan(" not in linear

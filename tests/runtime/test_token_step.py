@@ -131,3 +131,26 @@ def test_kl_lag_token_is_the_full_step_in_log_space(monkeypatch):
     expected = 2.0 * torch.softmax(0.9 * torch.log(W[0].clamp_min(1e-12)) + update, dim=-1)
     assert S is None and torch.isfinite(W_s[0]).all() and torch.allclose(W_s[0], expected, atol=1e-12)
     assert torch.allclose(o, q1 @ expected.transpose(-1, -2), atol=1e-12)
+
+
+def test_the_omega_rule_takes_each_step_over_the_window(monkeypatch):
+    """With the Omega window as the token's gradient (`_token_factors`), W_t = W_{t−1} − η_t Σ_{i=t−2..t} γ_i
+    (W_{t−1} k_i − v_i) k_iᵀ, the window starting empty (zero keys, values and γ), and the carry's window ends holding
+    the last two tokens."""
+    monkeypatch.setattr(ts, "_token_factors", ts._window_factors)
+    q, k, v, eta, W0 = _inputs(B=1, H=2, T=6, seed=4)
+    gamma = torch.rand(eta.shape, generator=_gen(5), dtype=torch.float64)
+    B, H, T, Dk = k.shape
+    Dv = v.shape[-1]
+    win = {"k": torch.zeros(B, H, 2, Dk, dtype=torch.float64), "v": torch.zeros(B, H, 2, Dv, dtype=torch.float64),
+           "gamma": torch.zeros(B, H, 2, 1, dtype=torch.float64), "eta": torch.zeros(B, H, 2, 1, dtype=torch.float64)}
+    carry = {"W": [W0], "Y": None, "S": None, "anchor": (W0,), "t": 0, "win": win}
+    W = W0
+    for t in range(T):
+        c_t = {"eta": eta[:, :, t, None, None], "gamma": gamma[:, :, t, None, None]}
+        carry, o_t = ts._token_step(carry, q[:, :, t, None], k[:, :, t, None], v[:, :, t, None], c_t)
+        grad = sum(gamma[:, :, i, None, None] * ((W @ k[:, :, i, :, None] - v[:, :, i, :, None])
+                                                 @ k[:, :, i, None, :]) for i in range(max(0, t - 2), t + 1))
+        W = W - eta[:, :, t, None, None] * grad
+        assert torch.allclose(o_t[:, :, 0], (W @ q[:, :, t, :, None])[..., 0], atol=1e-12), t
+    assert torch.allclose(carry["W"][0], W, atol=1e-12) and torch.equal(carry["win"]["k"], k[:, :, T - 2:])
