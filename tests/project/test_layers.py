@@ -127,3 +127,21 @@ def test_sizes_do_not_grow_past_the_limits(kind):
         assert {f for f, n in files.items() if n > MAX_LINES} == OVER_SIZE
     else:
         assert {f for f, n in functions.items() if n > MAX_FUNCTION} == LONG_FUNCTIONS
+
+
+def test_every_file_the_package_reads_is_package_data():
+    """A wheel carries the .py modules and what pyproject.toml's package-data names: every other file under mirasc/
+    (the grammar, the templates and their optional sections) must match one of those patterns, or an installed
+    (not editable) mirasc could not compile the specs that read it."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = config["tool"]["setuptools"]["package-data"]
+    data = [p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
+            and "__pycache__" not in p.parts]
+    assert data, "no data files found"
+    for path in data:
+        covered = any(path.relative_to(PACKAGE.parent / package.replace(".", "/")).match(glob)
+                      for package, globs in patterns.items() for glob in globs
+                      if path.is_relative_to(PACKAGE.parent / package.replace(".", "/")))
+        assert covered, f"{path.relative_to(PACKAGE.parent)} is not in pyproject.toml's package-data"
