@@ -5,14 +5,20 @@ spec leaves out is a slot it fills with nothing."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
 def section(name: str) -> list[str]:
-    """The lines of the optional section templates/sections/`name`.py.tmpl, for a line slot."""
-    return (TEMPLATES / "sections" / f"{name}.py.tmpl").read_text().split("\n")[:-1]
+    """The lines of the optional section templates/sections/`name`.py.tmpl, for a line slot (read once)."""
+    return list(_section_lines(name))
+
+
+@functools.cache
+def _section_lines(name: str) -> tuple[str, ...]:
+    return tuple((TEMPLATES / "sections" / f"{name}.py.tmpl").read_text().split("\n")[:-1])
 
 
 def fill_lines(text: str, hooks: dict[str, list[str]]) -> str:

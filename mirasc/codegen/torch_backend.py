@@ -345,7 +345,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "SHAPES": _weight_shapes(spec),
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": "None" if kind is not None else repr(reason),
-        "ORDER": r.order if r.kind == "decay" else "none",
         "CHANNEL_SIDE": channel_decay_side(spec) or "",
         "STEPS": str(spec.steps),
         "WINDOW": str(spec.window),

@@ -38,8 +38,9 @@ def _packed_on_kernels(q, k, v, gates, state, params, backend, algorithm, chunk_
 
 
 def _packed_on_chunk_kernels(q, v, backend, algorithm, chunk_size):
-    """Whether packed sequences run in one launch of the chunk or mini-batch kernels (else one call per sequence)."""
-    if not PACKED or q.dim() != 4 or v.dim() != 4:  # (the call per sequence refuses malformed inputs)
+    """Whether packed sequences run in one launch of the chunk or mini-batch kernels (else one call per sequence); a
+    module carries it only where its Plan packs (PACKED)."""
+    if q.dim() != 4 or v.dim() != 4:  # (the call per sequence refuses malformed inputs)
         return False
     backend, chunked, _, _ = _route(q.shape[-1], v.shape[-1], q.dtype, q.device, backend, algorithm, chunk_size)
     return backend == "triton" and chunked
@@ -190,4 +191,4 @@ def _run_recurrent_kernel(q, k, v, c, state, chunked, chunk, prec, pad_mask):
 
 
 _triton_run = _run_chunk_kernels  # (the module's own names its family's run above, or None without Triton kernels)
-_packed_apply = _packed_on_kernels  # (the module's own: _packed_per_sequence where PACKED is False)
+_packed_apply = _packed_on_kernels if PACKED else _packed_per_sequence  # (a module names its own: torch_pieces)

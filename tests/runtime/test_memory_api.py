@@ -92,6 +92,7 @@ def test_packed_sequences_are_the_sequences_run_alone():
     cu = torch.tensor([0, 5, 5, 13])
     state = {"W": torch.randn(3, 2, 3, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)}
     assert not memory_api._packed_on_chunk_kernels(q, v, "torch", "auto", None)
+    assert memory_api._packed_apply is memory_api._packed_per_sequence  # (PACKED is False: one call per sequence)
     o, final = memory_api._apply_memory(q, k, v, gates, state=state, cu_seqlens=cu, algorithm="chunked",
                                         chunk_size=2)
     for i, (a, b) in enumerate(((0, 5), (5, 5), (5, 13))):
