@@ -11,7 +11,7 @@ from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import kernels_source, runtime_functions, runtime_source
+from .standalone import kernels_source, runtime_constants, runtime_functions, runtime_source
 from .torch_backend import layer_source, per_head_source
 
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
@@ -57,14 +57,18 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
            "Algorithms: recurrent = one query at a time over the growing cache (reference); chunked = blocks of\n"
            f"queries against the whole cache (scores bounded to block x T); {triton_line}.\n"
            '"""\n')
+    header = {  # (what each means: mirasc.runtime.attention_spec; None: the same in every module)
+        "SPEC": f'"""\\\n{spec.canonical()}"""', "GATES": repr(spec.gates), "EXTRAS": None, "GATE_CHANNELS": None,
+        "WEIGHTS": None, "CONSTANTS": None, "CHUNKED": None, "DEFAULT_CHUNK": None, "KERNEL": repr(m.kernel),
+        "SCALE": "None" if m.scale is None else repr(float(m.scale)), "DEGREE": str(m.degree),
+        "WINDOW": str(m.window), "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying),
+        "TEMPORAL": str(m.temporal), "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix),
+        "HEAD_NORM": repr(m.head_norm), "REMAINDER": repr(m.remainder), "ATTEND_CURRENT": repr(m.attend_current),
+        "NO_TRITON_REASON": "None" if has_triton else repr(reason), "SINK": repr(m.sink),
+        "DECAY": _decay(spec.retention)}
     subs = {
-        "SPEC": spec.canonical(), "KERNEL": repr(m.kernel), "DEGREE": str(m.degree),
-        "SCALE": "None" if m.scale is None else repr(float(m.scale)), "WINDOW": str(m.window),
-        "CAUSAL": repr(m.causal), "HOPS": str(m.hops), "TYING": repr(m.tying), "TEMPORAL": str(m.temporal),
-        "SCORE_CONV": repr(m.score_conv), "HEAD_MIX": str(m.head_mix), "HEAD_NORM": repr(m.head_norm),
-        "NO_TRITON_REASON": "None" if has_triton else repr(reason), "REMAINDER": repr(m.remainder),
-        "ATTEND_CURRENT": repr(m.attend_current), "SINK": repr(m.sink),
-        "DECAY": _decay(spec.retention), "GATES": repr(spec.gates), "PER_HEAD": per_head_source(spec, none=True),
+        "WINDOW": str(m.window), "CAUSAL": repr(m.causal), "ATTEND_CURRENT": repr(m.attend_current),
+        "PER_HEAD": per_head_source(spec, none=True),
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
         "ATTENTION_API": runtime_functions("attention_api", list(API) + ([] if has_triton else list(NO_TRITON))),
@@ -80,7 +84,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
             list(FLASH_HOST) if m.kernel == "softmax" else [])),
         "STICKBREAKING_HOST": runtime_functions("stickbreaking_host", list(STICKBREAKING_HOST)),
     }
-    body = TEMPLATE
+    body = fill_lines(TEMPLATE, {"HEADER": runtime_constants("attention_spec", header)})
     if has_triton:
         softmax = m.kernel == "softmax"
         body += fill_lines(TRITON, {"READ_NOTE": section("flash_note" if softmax else "stickbreaking_note"),

@@ -42,6 +42,49 @@ def _spans(path: Path) -> tuple[list[str], dict[str, tuple[int, int]]]:
     return lines, spans
 
 
+def runtime_constants(name: str, values: dict[str, str], notes: dict[str, list[str]] | None = None) -> list[str]:
+    """The lines of an emitted module's constants `values` (name -> its value as source) as mirasc/runtime/`name`.py
+    declares them, the one home of what each means: in that module's order, each with its trailing comment, and the
+    comment block above a group of constants (the assignments that follow it up to a blank line or the next comment
+    block) before the group's first constant that `values` sets; the module's own values are examples, except where a value
+    is None: the declared one (a constant every module has the same). `notes`: comment lines of this spec's on a
+    constant, printed right above it. A name the module does not declare raises KeyError."""
+    declared = _declarations(name)
+    unknown = sorted((set(values) | set(notes or ())) - {const for const, _, _, _ in declared})
+    if unknown:
+        raise KeyError(f"mirasc/runtime/{name}.py declares no {', '.join(unknown)}")
+    lines, block = [], []
+    for const, above, value, trailing in declared:
+        if above is not None:
+            block = above
+        if const in values:
+            given = values[const]
+            lines += block + (notes or {}).get(const, []) + [f"{const} = {value if given is None else given}{trailing}"]
+            block = []
+    return lines
+
+
+@functools.cache
+def _declarations(name: str) -> tuple[tuple[str, list[str] | None, str, str], ...]:
+    """The top-level constants of mirasc/runtime/`name`.py, in order: (name, the comment block that starts its group,
+    or None when it continues the group above, its value's source, its trailing comment)."""
+    text = (RUNTIME / f"{name}.py").read_text(encoding="utf-8")
+    lines, out = text.splitlines(), []
+    for node in ast.parse(text).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else getattr(
+            node, "target", None) if isinstance(node, ast.AnnAssign) else None
+        if not isinstance(target, ast.Name):
+            continue
+        first = node.lineno - 1
+        while first > 0 and lines[first - 1].startswith("#"):
+            first -= 1
+        starts = first < node.lineno - 1 or first == 0 or not lines[first - 1].strip()
+        out.append((target.id, lines[first:node.lineno - 1] if starts else None,
+                    ast.get_source_segment(text, node.value),
+                    lines[node.end_lineno - 1].encode()[node.value.end_col_offset:].decode()))  # (byte offsets)
+    return tuple(out)
+
+
 def kernels_source(name: str, functions: tuple[str, ...] | None = None) -> str:
     """The Triton functions and constants `functions` (all, in file order, when None) of
     mirasc/runtime/kernels/`name`.py, to paste inside an emitted module's `if triton is not None:` block: indented

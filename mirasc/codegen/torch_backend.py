@@ -1,7 +1,8 @@
 """The module assembler of a parametric memory: fills the hand-written skeleton (templates/torch_module.py.tmpl)
 with code printed from the derivation and the IR, the runtime pieces the spec and its Plan (mirasc/plan.py) name
-(torch_pieces), the header constants and optional sections of the spec's choices (its slots: mirasc.codegen.slots),
-and appends the Triton sections the Plan names and the Layer. Nothing in the output imports mirasc.
+(torch_pieces), the header's constants (mirasc.runtime.memory_spec's declarations with the spec's values) and the
+optional sections of the spec's choices (its slots: mirasc.codegen.slots), and appends the Triton sections the Plan
+names and the Layer. Nothing in the output imports mirasc.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import torch_learner, torch_pieces, torch_retention, triton_backend, triton_minibatch
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import runtime_functions, runtime_source
+from .standalone import runtime_constants, runtime_functions, runtime_source
 
 TEMPLATE = (TEMPLATES / "torch_module.py.tmpl").read_text()
 LAYER = (TEMPLATES / "layer.py.tmpl").read_text()
@@ -25,19 +26,15 @@ LAYER = (TEMPLATES / "layer.py.tmpl").read_text()
 SECTIONS = (("precond", "PRECOND_SECTION", "precond"),
             ("chunk_readout_triton", "CHUNK_READOUT_SECTION", "chunk_readout"),
             ("multistep", "VARIANT_SECTION", "multistep"), ("composite", "VARIANT_SECTION", "composite"))
-# The header's constants that only some choices have: the flag that keeps each, and its lines (a retention's and a
-# learner's own constants come from their printers, torch_retention and torch_learner)
-CHOICES = (
-    ("multistep", "# Inner gradient steps per token (a multi-step learner): k, v, η and the EXTRAS come STEPS per "
-                  "token\n# ([B, T, H, STEPS, ...]); the memory runs them as T·STEPS sub-steps, the retention's α at "
-                  "each token's first\n# sub-step only, and reads the query after the last (see `substeps`).\n"
-                  "STEPS = {{STEPS}}"),
-    ("triton", 'HALF_DOTS = "{{HALF_DOTS}}"  # schedule: how fp16/bf16 inputs\' Triton dots multiply (see '
-               "_dot_precision)"),
-    ("channel_minibatch", 'CHANNEL_SIDE = "{{CHANNEL_SIDE}}"  # the weight side the channel-wise decays scale: "k" '
-                          'columns, "v" rows'),
-    ("poly_features", "POLY_DEGREE = {{POLY_DEGREE}}  # p of the memory's polynomial feature map φ_p"),
-)
+# The header's constants (what each means: mirasc.runtime.memory_spec), and those that only some choices have, with
+# the flag that keeps each (a retention's and a learner's own come from their printers, torch_retention and
+# torch_learner)
+HEADER = ("GATES", "GATE_CHANNELS", "EXTRAS", "WEIGHTS", "CONSTANTS", "CHUNKED", "NO_CHUNK_REASON", "POSITIVE_WEIGHTS",
+          "RESIDUAL", "DEFAULT_CHUNK", "HALF_IN_PLACE", "PACKED", "MINIBATCH", "CHUNK_READOUT", "ERASE_WRITE",
+          "ACCUMULATORS", "MOMENTUM_BUFFERS", "STATISTIC", "WEIGHT_INIT", "POSITIVE_SCALE", "WINDOW", "WINDOW_COEFS",
+          "WINDOW_STATE")
+CHOICES = {"STEPS": "multistep", "HALF_DOTS": "triton", "CHANNEL_SIDE": "channel_minibatch",
+           "POLY_DEGREE": "poly_features"}
 
 
 def layer_source(spec: S.Spec, d: D.Derivation) -> str:
@@ -51,15 +48,15 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     unread = spec.weights if lq_chunk else ()
     unread += ("A",) if spec.precond else ()  # the preconditioner's statistic: a sum of squares from 0
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
-    return (LAYER.replace("{{LAYER_DEFAULTS}}", repr(defaults)).replace("{{POSITIVE}}", repr(positive))
-            .replace("{{LAYER_SCHEMA}}", schema)
+    header = runtime_constants("memory_spec", {
+        "LAYER_DEFAULTS": repr(defaults), "LAYER_SCHEMA": schema, "_POSITIVE": repr(positive),
+        "_POSITIVE_SCALE": repr(float(spec.retention.c)) if positive == "softmax" else "1.0",
+        "_UNREAD": repr(tuple(unread)), "_LAYER_STEPS": "STEPS" if spec.steps > 1 else "1"})
+    return (fill_lines(LAYER, {"LAYER_HEADER": header})
             .replace("{{LAYER_CHECKS}}", runtime_source("layer_options"))
             .replace("{{LAYER_GATES}}", runtime_source("layer_gates"))
             .replace("{{LAYER_STREAMS}}", runtime_source("layer_streams"))
             .replace("{{LAYER_STATE}}", runtime_source("layer_state"))
-            .replace("{{POSITIVE_SCALE}}", repr(float(spec.retention.c)) if positive == "softmax" else "1.0")
-            .replace("{{UNREAD}}", repr(tuple(unread)))
-            .replace("{{LAYER_STEPS}}", "STEPS" if spec.steps > 1 else "1")
             .replace("{{LAYER}}", runtime_functions("layer", ["Layer"] + torch_pieces.default_layer_hooks(spec))))
 
 
@@ -244,7 +241,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, the_plan = _triton_sections(spec, the_plan, coef_order)
     flags.update(_triton_flags(the_plan))
-    subs["HALF_DOTS"] = the_plan.dots
+    subs["HALF_DOTS"] = f'"{the_plan.dots}"'
     subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
     # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
@@ -255,7 +252,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     subs["UPDATE_RULE"] = torch_retention.step_functions(retention, learner)
     subs["RETENTION_STATE"] = torch_retention.state_functions(retention)
     hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS")))
-    hooks["CHOICES"] += retention.header() + learner.header()
+    hooks["HEADER"] = runtime_constants("memory_spec", {"SPEC": f'"""\\\n{subs["SPEC"]}"""'} | {
+        name: subs[name] for name in HEADER} | {name: subs[name] for name, flag in CHOICES.items() if flags[flag]}
+        | retention.header() | learner.header())
     body = fill_lines(TEMPLATE, hooks)
     for key, val in subs.items():
         body = body.replace("{{" + key + "}}", val)
@@ -267,11 +266,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
 
 
 def _line_slots(flags: dict[str, bool], chunk_sections: str) -> dict[str, list[str]]:
-    """The template's slots that are whole lines, or none: the imports, the header's constants of the spec's choices,
-    the optional sections, the torch chunked algorithm's sections and the Triton kernels' names (or why there are
-    none)."""
+    """The template's slots that are whole lines, or none: the imports, the optional sections, the torch chunked
+    algorithm's sections and the Triton kernels' names (or why there are none)."""
     slots = {"IMPORTS": ["import functools"] if flags["chunked"] else [],
-             "CHOICES": [line for flag, text in CHOICES if flags[flag] for line in text.split("\n")],
              "CHUNK_SECTIONS": chunk_sections.split("\n")[:-1],
              "TRITON_NAMES": ["_triton_kernels = {{KERNEL_PLAN}}  # launch_plan's kernels on a GPU"] if flags["triton"]
              else ['NO_TRITON_REASON = "{{NO_TRITON_REASON}}"',
@@ -324,6 +321,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
     """The {{SLOT}} texts of the torch template."""
     r, par = spec.retention, spec.parallel
     window = window_coefficients(spec, grad)  # (what an Omega window token keeps besides k and v)
+    init = "softmax" if d.positive_domain else "zeros" if spec.memory.kind == "linear" else "normal"
     return {
         "SPEC": spec.canonical(),
         "GATES": repr(spec.gates),
@@ -345,7 +343,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "SHAPES": _weight_shapes(spec),
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": "None" if kind is not None else repr(reason),
-        "CHANNEL_SIDE": channel_decay_side(spec) or "",
+        "CHANNEL_SIDE": f'"{channel_decay_side(spec) or ""}"',
         "STEPS": str(spec.steps),
         "WINDOW": str(spec.window),
         "WINDOW_COEFS": repr(window),
@@ -353,7 +351,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ACCUMULATORS": repr(r.keeps_accumulator),
         "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
-        "WEIGHT_INIT": "softmax" if d.positive_domain else "zeros" if spec.memory.kind == "linear" else "normal",
+        "WEIGHT_INIT": f'"{init}"',
         "POLY_DEGREE": str(spec.poly_degree),
         "PRECOND": "None",
     }

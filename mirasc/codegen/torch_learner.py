@@ -1,5 +1,5 @@
 """A learner's part of the torch module's token recurrence (docs/semantics.md, step 3): from the gradients of the
-weights to their updates U, one printer per learner. Each prints its parameters' module constants (`header`) and the
+weights to their updates U, one printer per learner. Each gives its parameters' module constants (`header`) and the
 body of `_learn(grads, S, c)` (the gradients, the
 momentum buffers S where the learner keeps them, else None, and the token's coefficients; it returns the updates and
 the buffers), which mirasc.runtime.token_step calls once per token and a chunk readout's lag token once per chunk;
@@ -8,6 +8,7 @@ codegen/torch_retention.py prints it with the retention's functions."""
 from __future__ import annotations
 
 from ..language import spec as S
+from ..runtime.memory_spec import NS_COEFFICIENTS
 
 
 class GD:
@@ -18,9 +19,9 @@ class GD:
     def __init__(self, spec: S.Spec):
         self.l = spec.learner
 
-    def header(self) -> list[str]:
-        """The module constants of the learner's parameters (none for most)."""
-        return []
+    def header(self) -> dict[str, str]:
+        """The values of the learner's module constants (none for most; what they mean: mirasc.runtime.memory_spec)."""
+        return {}
 
     def learn(self) -> list[str]:
         return ['return [-c["eta"] * grad for grad in grads], S']
@@ -41,9 +42,8 @@ class Muon(GD):
 
     doc = "muon: S_t = θ_t S_{t−1} + g_t, U = −η_t NS(S_t)."
 
-    def header(self) -> list[str]:
-        return [f"NS_STEPS = {self.l.ns_steps}  # Newton–Schulz iterations of muon's orthogonalisation",
-                "NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)"]
+    def header(self) -> dict[str, str]:
+        return {"NS_STEPS": str(self.l.ns_steps), "NS_COEFFICIENTS": repr(NS_COEFFICIENTS)}
 
     def learn(self) -> list[str]:
         return ['S = [_on_weight("theta", c["theta"]) * s + grad for s, grad in zip(S, grads)]  # Atlas Eq. 33: '

@@ -2,7 +2,7 @@
 retention turns the learner's update U into the next weights, as codegen/triton_retention.py is for the fused Triton
 kernels. Each printer gives lines (unindented) for the module's functions and the torch template's retention hooks:
 
-- `header`: the module constants of its parameters (kl's c, lq's q);
+- `header`: the values of its parameters' module constants (kl's c, lq's q; what they mean: mirasc.runtime.memory_spec);
 - `functions`: the module-level helpers it reads (the readout R of an accumulator, `_readout`; lq's norm);
 - `start`: the accumulators Y at the start of a recurrence (the body of `_accumulators`; Y = None where there are none);
 - `before_gradient`: the body of `_before_gradient(W, carry, c, first)`, the weights a token's gradient and step start
@@ -41,7 +41,10 @@ class Plain:
         return []
 
     # the hooks a retention without a map leaves empty (a subclass overrides the ones it fills)
-    functions = initial_accumulator = header = _nothing
+    functions = initial_accumulator = _nothing
+
+    def header(self) -> dict[str, str]:
+        return {}
 
     def start(self) -> list[str]:
         return ["Y = None"]
@@ -130,8 +133,8 @@ class Bregman(Mapped):
 class KL(Mapped):
     """W = c·softmax(Z) over each row, Z = log(W / c) recomputed from the weights."""
 
-    def header(self) -> list[str]:
-        return [f"KL_C = {float(self.r.c)!r}  # kl's c: each row of the weights sums to c"]
+    def header(self) -> dict[str, str]:
+        return {"KL_C": repr(float(self.r.c))}
 
     def readout(self) -> list[str]:
         return ["# W = c·softmax(Z) over each row, Z = log(W / c) accumulated linearly.",
@@ -144,9 +147,8 @@ class KL(Mapped):
 class Lq(Mapped):
     """W = A / ‖A‖_q^(q−2), the entrywise q-norm of each matrix; A kept in the state."""
 
-    def header(self) -> list[str]:
-        return [f"LQ_Q = {float(self.r.q)!r}  # lq's q: the weights are the accumulator over its q-norm, "
-                "A / ‖A‖_q^(q−2)"]
+    def header(self) -> dict[str, str]:
+        return {"LQ_Q": repr(float(self.r.q))}
 
     def functions(self) -> list[str]:
         return ["", "", "def _lq_norm(acc):",

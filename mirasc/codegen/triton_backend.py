@@ -53,7 +53,8 @@ from .. import ir
 from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
-from .standalone import runtime_source
+from .slots import fill_lines
+from .standalone import runtime_constants, runtime_source
 from .triton_chunked import emit_chunked  # noqa: F401 (the chunked families' entry point)
 from .triton_printing import Unsupported
 from .triton_recurrent import (
@@ -81,7 +82,7 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
         raise Unsupported(f"{err}") from None
 
 
-def _bwd_note(why_not: str) -> str:
+def _bwd_note(why_not: str) -> list[str]:
     """The comment over _BWD_STATE in the emitted file: which backward the spec has, and why."""
     if not why_not:
         text = ("The backward is the generated reverse sweep over checkpointed segments, keeping the tiles "
@@ -89,7 +90,7 @@ def _bwd_note(why_not: str) -> str:
     else:
         text = ("_BWD_STATE is empty: the backward recomputes the torch recurrence, because "
                 + " ".join(why_not.split()).rstrip(".") + ".")
-    return "\n".join("# " + line for line in textwrap.wrap(text, 110))
+    return ["# " + line for line in textwrap.wrap(text, 110)]
 
 
 def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str], no_v_tiles: str,
@@ -105,24 +106,26 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
         if spec.window > 1:  # (the recomputing backward does not take the window sequences)
             raise Unsupported(f"the Omega rule needs the generated backward, and it has none here: {err}") from None
         why_not = str(err)
+    header = {  # (what each means: mirasc.runtime.recurrent_spec)
+        "OP_ID": f'"{hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]}"',
+        "_COEF_ORDER": repr(tuple(coef_order)), "_VECTOR_COEFS": repr(vector_coefficients(spec)),
+        "_STORE_ACC": repr(spec.retention.keeps_accumulator), "_MOMENTUM": repr(spec.learner.kind == "momentum"),
+        "_BWD_STATE": repr(tuple(bwd_state)), "_BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
+        "_BWD_SEGMENT": str(BWD_SEGMENT), "_FACTOR_BLOCK": str(batched_factors(spec)),
+        "_FACTOR_DIMS": repr(tuple(spec.weight_dims())), "_V_TILES": repr(not no_v_tiles),
+        "_V_TILE_REASON": f'"{no_v_tiles}"', "_TILES_FWD": str(live_tiles(spec, False)),
+        "_TILES_BWD": str(live_tiles(spec, True)), "_WINDOW": str(spec.window),
+        "_WINDOW_COEFS": repr(window_coefficients(spec, grad)), "_FEATURES": repr(features)}
     subs = {
-        "KERNEL": kernel, "COEF_ORDER": repr(tuple(coef_order)), "VECTOR_COEFS": repr(vector_coefficients(spec)),
-        "STORE_ACC": repr(spec.retention.keeps_accumulator), "MOMENTUM": repr(spec.learner.kind == "momentum"),
-        "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
-        "BWD_STATE": repr(tuple(bwd_state)), "BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
-        "BWD_SEGMENT": str(BWD_SEGMENT), "FACTOR_BLOCK": str(batched_factors(spec)),
-        "FACTOR_DIMS": repr(tuple(spec.weight_dims())), "BWD_NOTE": _bwd_note(why_not),
-        "V_TILES": repr(not no_v_tiles), "V_TILE_REASON": no_v_tiles,
-        "TILES_FWD": str(live_tiles(spec, False)), "TILES_BWD": str(live_tiles(spec, True)),
-        "TRITON_FEATURES": repr(features),
+        "KERNEL": kernel,
         "FEATURE_INPUTS": "_poly_features(q), _poly_features(k)" if features else "q, k",
         "FEATURE_KEY_WIDTH": "_feature_width(Dk)" if features else "Dk",
-        "WINDOW": str(spec.window), "WINDOW_COEFS": repr(window_coefficients(spec, grad)),
         "RECURRENT_SPACE": runtime_source("recurrent_space"),
         "CUSTOM_OPS": runtime_source("custom_ops"),  # (this section comes first: the later ones use it too)
         "RECURRENT_HOST": runtime_source("recurrent_host"),
     }
-    return fill(SECTION, subs)
+    notes = {"_BWD_STATE": _bwd_note(why_not)}
+    return fill(fill_lines(SECTION, {"HEADER": runtime_constants("recurrent_spec", header, notes)}), subs)
 
 
 def fill(template: str, subs: dict[str, str]) -> str:

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import kernels_source, runtime_functions, runtime_source
+from .standalone import kernels_source, runtime_constants, runtime_functions, runtime_source
 
 CHUNK_TEMPLATE = (TEMPLATES / "triton_chunked.py.tmpl").read_text()
 
@@ -55,19 +55,18 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
     kernel_names = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
                     "_chunk_grads_bwd") + (("_wy_fwd", "_wy_bwd") if family == "delta" else ())
-    choices = {"CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "ETA_K": flags["ch_eta"],
-               "IMPLICIT": flags["implicit"], "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale,
-               "COMPOSITE": flags["composite"],
-               "ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1, "CHUNK_KERNEL_NAMES": kernel_names}
     momentum = family == "momentum"  # (its own scans and run: no chunk path, no _chunk_space kernels)
+    header = {name: repr(value) for name, value in {  # (what each means: mirasc.runtime.chunk_host)
+        "CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "ETA_K": flags["ch_eta"],
+        "IMPLICIT": flags["implicit"], "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale,
+        "COMPOSITE": flags["composite"], "_ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1}.items()}
+    if not momentum:
+        header["_CHUNK_KERNELS"] = repr(kernel_names)
     text = fill_lines(CHUNK_TEMPLATE, {
         "FAMILY_NOTE": section("chunk_momentum_note" if momentum else "chunk_note"),
-        "CHUNK_KERNELS_LINE": [] if momentum else ["_CHUNK_KERNELS = {{CHUNK_KERNEL_NAMES}}  # the kernels whose space "
-                                                   "is _chunk_space"],
+        "HEADER": runtime_constants("chunk_host", header),
         "CHUNK_RUN": [] if momentum else section("chunk_run")})
     text = text.replace("{{KEY_WIDTH}}", _key_width(flags))
-    for name, value in choices.items():
-        text = text.replace("{{" + name + "}}", repr(value))
     return (text.replace("{{CHUNK_SPACE}}", runtime_source("chunk_space"))
             .replace("{{CHUNK_HOST}}", chunk_host_source(family, flags))
             .replace("{{CHUNK_FAMILY}}", chunk_family_source(family, flags))

@@ -17,18 +17,21 @@ from .kernels.chunk import _chunk_output_fwd, _chunk_state_bwd, _chunk_state_fwd
 from .kernels.chunk_head import _chunk_du_local_bwd, _chunk_grads_bwd
 from .recurrent_spec import _WINDOW, _kernel_key_width  # (the recurrent section's, which every Triton section follows)
 
-# ---- the emitted module's choices (examples)
+# ---- the emitted module's choices (examples; each module prints its own from these declarations with its spec's
+# values: mirasc.codegen.triton_chunked)
+
 CH_DECAY = False  # the decay is a vector over key channels (g [B, H, T, Dk]), else one log-decay per head (g [B, H, T])
 DECAY = False  # retention=decay: a log-decay per token (else none: g = 0)
 ETA_K = False  # lr=gate(k) (or a preconditioned η ⊙ m(a)): the written key is η ⊙ k, c["eta_ch"] the channel rates
 IMPLICIT = False  # the delta rule's implicit (proximal) step: β = η / (1 + η‖k‖²)
 PRE_DECAY = False  # order=pre: the gradient (or the erase) sees the decayed state W_{t-1} D_t, else W_{t-1}
-LQ_SCALE = False  # readout=chunk of lq retention: the chunk's updates in weight space are η / n_c (c["lqs0"])
+LQ_SCALE = False  # readout=chunk of lq retention: the chunk's updates in weight space are η / n_c
 COMPOSITE = False  # a feature map or normaliser around the memory (o returned in fp32 for 16-bit inputs)
-OP_ID = "0123456789ab"  # the ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
-_ROWS_PER_TOKEN = 1  # kernel rows per token: 2 for erase=kappa (an erase row and a write row)
+_ROWS_PER_TOKEN = 1  # kernel rows per token (erase=kappa: an erase row and a write row)
 _CHUNK_KERNELS = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
-                  "_chunk_grads_bwd")
+                  "_chunk_grads_bwd")  # the kernels whose space is _chunk_space
+
+OP_ID = "0123456789ab"  # the ops' names: mirasc::<kind>_<OP_ID>, the spec's hash (the recurrent section's)
 _CHUNK_LAUNCHED = _CHUNK_KERNELS  # the kernels the chunked path launches (forward and backward)
 
 

@@ -7,27 +7,43 @@ import types
 
 import torch
 
+# The recurrent section's constants (every Triton section follows it), printed into an emitted module from these
+# declarations with the spec's values (mirasc.codegen.triton_backend); here a linear memory, l2 bias, gd.
+
+OP_ID = "0123456789ab"  # this module's Triton ops: mirasc::<kind>_<OP_ID>, the spec's hash
+_COEF_ORDER = ("eta",)
+_VECTOR_COEFS = {}  # channel-wise coefficients (name -> side), passed to the kernel as vectors
+_STORE_ACC = False
+_MOMENTUM = False
+# The backward kernel's per-token state and its checkpoint interval (a schedule choice).
+_BWD_STATE = ("w0",)
+_BWD_STATE_WEIGHT = (0,)  # which weight each of those tiles belongs to
+_BWD_SEGMENT = 32
+# Mini-batch C when each mini-batch's gradient factors are one tile computation (tl.dot) at its start,
+# kept in scratch (0: one token at a time), and the (rows, cols) dimension names of each weight.
+_FACTOR_BLOCK = 0
+_FACTOR_DIMS = (("v", "k"),)
+# V tiles: True when every value row of the memory updates on its own, so the kernels run on a grid
+# (cdiv(Dv, BV), B·H) of programs that each own BV rows of the state; else why the rows are coupled
+# (one program per (batch, head)). _TILES_*: the [rows, cols] fp32 tiles each kernel keeps live per weight
+# (state and temporaries; the resource model of _tile_config).
+_V_TILES = True
+_V_TILE_REASON = ""
+_TILES_FWD = 3
+_TILES_BWD = 7
+# The Omega rule (1: none): the kernels read each step's window from sequences with the carried c − 1 tokens in
+# front ([B, H, c − 1 + T, ·]: keys, values, and the coefficients _WINDOW_COEFS stacked), built by the host.
+_WINDOW = 1
+_WINDOW_COEFS = ()
+# feature=poly on a linear memory: every Triton kernel runs the plain linear memory on φ_p(q), φ_p(k) (mapped in
+# torch before the launch, so the kernels' key width is φ_p's, 1 + Dk + … + Dk^p).
+_FEATURES = False
+
+# Stand-ins for the names of the module's torch part that the host side reads (the torch header declares them:
+# mirasc.runtime.memory_spec), and for the functions the module prints.
 WEIGHTS = ("W",)
 CONSTANTS = {}  # coefficients that are constants in the spec
-OP_ID = "0123456789ab"  # the ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
-_COEF_ORDER = ("eta",)  # the per-token coefficients, in the kernels' order
-_VECTOR_COEFS = {}  # channel-wise coefficients (name -> side), passed to the kernels as vectors
-_STORE_ACC = False  # the retention keeps an accumulator A apart from W
-_MOMENTUM = False  # learner=momentum: a momentum S per weight
-_BWD_STATE = ("w0",)  # the generated backward's per-token state (empty: no generated backward)
-_BWD_STATE_WEIGHT = (0,)  # which weight each of those tiles belongs to
-_BWD_SEGMENT = 32  # its checkpoint interval
-_FACTOR_BLOCK = 0  # the mini-batch C of batched gradient factors (0: one token at a time)
-_FACTOR_DIMS = (("v", "k"),)  # each weight's (rows, cols) dimension names
-_V_TILES = True  # every value row updates on its own: programs over V tiles
-_V_TILE_REASON = ""  # else why the rows are coupled
-_TILES_FWD, _TILES_BWD = 3, 7  # the [rows, cols] fp32 tiles each kernel keeps live per weight
-_WINDOW = 1  # the Omega rule's c (1: none)
-_WINDOW_COEFS = ()  # the coefficients a window token keeps
-_FEATURES = False  # feature=poly on a linear memory: the kernels run on φ_p(q), φ_p(k)
-HALF_DOTS = "input"  # schedule: how fp16/bf16 inputs' Triton dots multiply (mirasc.runtime.routes._dot_precision)
 NO_TRITON_REASON = "an example"  # why a spec has no Triton kernel (where it has none)
-
 
 def _weight_shapes(Dk, Dv):
     """The memory's weights' [rows, cols] at heads of Dk x Dv."""

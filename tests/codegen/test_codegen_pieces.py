@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mirasc.codegen.slots import TEMPLATES, fill_lines, section
-from mirasc.codegen.standalone import body, lm_source, model_source, runtime_source
+from mirasc.codegen.standalone import body, lm_source, model_source, runtime_constants, runtime_source
 from mirasc.runtime import layer_options, lm
 
 
@@ -54,6 +54,24 @@ def test_body_is_the_module_after_its_docstring_and_imports():
     assert text.startswith("@dataclass\nclass LMConfig")
     assert '"""The language model' not in text and "\nimport " not in text
     assert body(layer_options).startswith("def layer_option_problems(")
+
+
+def test_a_header_prints_the_runtime_declarations_with_the_spec_s_values():
+    """An emitted module's constants come from their declaration in mirasc/runtime/ (memory_spec here): its trailing
+    comment, and its group's comment block once, before the group's first constant the spec sets; an unset constant
+    is left out, None keeps the declared value, a note goes right above its constant, and an undeclared name fails."""
+    state = ["# The state beside the weights: the retention's accumulators A_<weight>, momentum buffers S_<weight>, the",
+             "# preconditioner's statistic A, and the Omega window's last WINDOW − 1 tokens (WINDOW_STATE, empty "
+             "without one)."]
+    assert runtime_constants("memory_spec", {"STATISTIC": "True", "ACCUMULATORS": "False"}) == state + [
+        "ACCUMULATORS = False", "STATISTIC = True"]
+    assert runtime_constants("memory_spec", {"STATISTIC": "True"}) == state + ["STATISTIC = True"]
+    assert runtime_constants("memory_spec", {"WEIGHTS": None, "CHUNKED": "False"}, {"CHUNKED": ["# a note"]}) == [
+        'WEIGHTS = ("W",)', "# a note", 'CHUNKED = False  # whether algorithm="chunked" exists for this spec']
+    assert runtime_constants("memory_spec", {"LQ_Q": "2.5"}) == [
+        "LQ_Q = 2.5  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"]
+    with pytest.raises(KeyError, match="declares no NOT_DECLARED"):
+        runtime_constants("memory_spec", {"NOT_DECLARED": "1"})
 
 
 def test_the_layer_checks_run_standalone():
