@@ -10,8 +10,8 @@ from ..derive import Derivation
 from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
-from .slots import TEMPLATES, fill_lines, section
-from .standalone import kernels_source, runtime_constants, runtime_functions, runtime_source
+from .slots import TEMPLATES, fill_lines
+from .standalone import kernels_source, runtime_constants, runtime_doc, runtime_functions, runtime_source
 from .torch_backend import layer_source, per_head_source
 
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
@@ -67,7 +67,6 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "NO_TRITON_REASON": "None" if has_triton else repr(reason), "SINK": repr(m.sink),
         "DECAY": _decay(spec.retention)}
     subs = {
-        "WINDOW": str(m.window), "CAUSAL": repr(m.causal), "ATTEND_CURRENT": repr(m.attend_current),
         "PER_HEAD": per_head_source(spec, none=True),
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
@@ -87,7 +86,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
     body = fill_lines(TEMPLATE, {"HEADER": runtime_constants("attention_spec", header)})
     if has_triton:
         softmax = m.kernel == "softmax"
-        body += fill_lines(TRITON, {"READ_NOTE": section("flash_note" if softmax else "stickbreaking_note"),
+        body += fill_lines(TRITON, {"READ_NOTE": runtime_doc("kernels/flash" if softmax else "kernels/stickbreaking"),
                                     "FLASH_SPACE": subs.pop("FLASH_SPACE").split("\n") + ["", ""] if softmax else []})
         if m.kernel == "stickbreaking":
             body += STICKBREAKING

@@ -46,9 +46,9 @@ def runtime_constants(name: str, values: dict[str, str], notes: dict[str, list[s
     """The lines of an emitted module's constants `values` (name -> its value as source) as mirasc/runtime/`name`.py
     declares them, the one home of what each means: in that module's order, each with its trailing comment, and the
     comment block above a group of constants (the assignments that follow it up to a blank line or the next comment
-    block) before the group's first constant that `values` sets; the module's own values are examples, except where a value
-    is None: the declared one (a constant every module has the same). `notes`: comment lines of this spec's on a
-    constant, printed right above it. A name the module does not declare raises KeyError."""
+    block) before the group's first constant that `values` sets; the module's own values are examples, except where a
+    value is None: the declared one (a constant every module has the same). `notes`: comment lines of this spec's on
+    a constant, printed right above it. A name the module does not declare raises KeyError."""
     declared = _declarations(name)
     unknown = sorted((set(values) | set(notes or ())) - {const for const, _, _, _ in declared})
     if unknown:
@@ -62,6 +62,13 @@ def runtime_constants(name: str, values: dict[str, str], notes: dict[str, list[s
             lines += block + (notes or {}).get(const, []) + [f"{const} = {value if given is None else given}{trailing}"]
             block = []
     return lines
+
+
+def runtime_doc(name: str) -> list[str]:
+    """The docstring of mirasc/runtime/`name`.py as comment lines: an emitted module's note on the pieces it carries
+    from there (the kernels a family launches, what they compute, how they are split and scheduled)."""
+    doc = ast.get_docstring(ast.parse((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))) or ""
+    return [f"# {line}" if line else "#" for line in doc.split("\n")]
 
 
 @functools.cache

@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import kernels_source, runtime_constants, runtime_functions, runtime_source
+from .standalone import kernels_source, runtime_constants, runtime_doc, runtime_functions, runtime_source
 
 CHUNK_TEMPLATE = (TEMPLATES / "triton_chunked.py.tmpl").read_text()
 
@@ -63,7 +63,7 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
     if not momentum:
         header["_CHUNK_KERNELS"] = repr(kernel_names)
     text = fill_lines(CHUNK_TEMPLATE, {
-        "FAMILY_NOTE": section("chunk_momentum_note" if momentum else "chunk_note"),
+        "FAMILY_NOTE": runtime_doc("kernels/momentum" if momentum else "kernels/chunk"),
         "HEADER": runtime_constants("chunk_host", header),
         "CHUNK_RUN": [] if momentum else section("chunk_run")})
     text = text.replace("{{KEY_WIDTH}}", _key_width(flags))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mirasc.codegen.slots import TEMPLATES, fill_lines, section
-from mirasc.codegen.standalone import body, lm_source, model_source, runtime_constants, runtime_source
+from mirasc.codegen.standalone import body, lm_source, model_source, runtime_constants, runtime_doc, runtime_source
 from mirasc.runtime import layer_options, lm
 
 
@@ -30,7 +30,7 @@ def test_every_optional_section_is_one_a_code_generator_names():
 
     sources = "".join(p.read_text(encoding="utf-8") for p in Path(codegen.__file__).parent.glob("*.py"))
     names = sorted(p.name[:-len(".py.tmpl")] for p in (TEMPLATES / "sections").glob("*.py.tmpl"))
-    assert len(names) == 9
+    assert len(names) == 5
     for name in names:
         assert f'"{name}"' in sources, name
         text = (TEMPLATES / "sections" / f"{name}.py.tmpl").read_text(encoding="utf-8")
@@ -72,6 +72,19 @@ def test_a_header_prints_the_runtime_declarations_with_the_spec_s_values():
         "LQ_Q = 2.5  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"]
     with pytest.raises(KeyError, match="declares no NOT_DECLARED"):
         runtime_constants("memory_spec", {"NOT_DECLARED": "1"})
+
+
+def test_a_kernel_family_s_note_is_its_runtime_module_s_docstring():
+    """The note an emitted module carries over a kernel family is the docstring of the runtime module the kernels
+    live in, as comment lines (a blank line as a bare '#'), and it is in every module that carries the family."""
+    import mirasc.runtime.kernels.chunk as chunk
+
+    note = runtime_doc("kernels/chunk")
+    assert note == [f"# {line}" if line else "#" for line in chunk.__doc__.split("\n")]
+    assert "#" in note and any("_chunk_state_fwd   grid (Dv tiles, B·H)" in line for line in note)
+    from mirasc import compile_text
+
+    assert "\n".join(note) in compile_text(Path("specs/gated_deltanet.miras").read_text()).source
 
 
 def test_the_layer_checks_run_standalone():

@@ -1,6 +1,29 @@
 """The chunk kernels both decays share (docs/kernels.md), with `CH: tl.constexpr` selecting a log-decay per key
 channel over one per head: the state scans over chunks (1) and their reverse, the output kernel (2); the rows of
-a token in either layout, and the unit-lower-triangular inverse of the delta family's preparation."""
+a token in either layout, and the unit-lower-triangular inverse of the delta family's preparation.
+
+Every chunk of n tokens (log-decay g_t = Σ_{r<=t} log α_r inside the chunk) is written as
+    W_t = e^{g_t} W_0 - Σ_{s<=t} e^{g_t - g_s} u_s k_sᵀ,     u = Wk W_0ᵀ - U        (1)
+    o_t = W_t q_t = e^{g_t} W_0 q_t - Σ_{s<=t} e^{g_t - g_s} (q_t·k_s) u_s            (2)
+with the chunk-local (parallel, differentiable torch) preparation of Wk [n, Dk] and U [n, Dv] that the family
+derives from its update (its `_..._preparation`, mirasc.runtime.chunk_path, with the derivation), and where a
+chunk is one tile of a power of two >= 16 rows, its one-op path (mirasc.runtime.chunk_ops).
+The kernels only see (1)-(2). They are split the way flash-linear-attention splits its chunk
+kernels, so that no program holds more than a [BV, Dk] state tile and a few [BT, *] tiles:
+  _chunk_state_fwd   grid (Dv tiles, B·H): the only sequential part, a scan over chunks. Writes W_0
+                     of every chunk (O(T/n · state)), u of every token and the final state.
+  _chunk_output_fwd  grid (Dv tiles, chunks, B·H): (2), every chunk in parallel, Dk in BK blocks.
+  _chunk_du_local_bwd grid (Dv tiles, chunks, B·H): the chunk-local part of du, -(D∘QKᵀ)ᵀ dO.
+  _chunk_state_bwd   grid (Dv tiles, B·H): the reverse scan; dW_c (cotangent of the state after chunk c)
+                     for every chunk, du, and dW_0 of the first chunk.
+  _chunk_grads_bwd   grid (Dk tiles, chunks, B·H): dq, dk, dWk and dg of every chunk in parallel,
+                     summing over Dv in BV blocks.
+Torch autograd then carries dWk, dU, dg through the preparation (solve, gates). Schedule knobs (chunk
+length, tiles, warps, stages) never change what is computed; on a GPU the tiles, warps and stages are
+autotuned over the configurations that `_chunk_configs` keeps (a resource model of shared memory and
+registers per target, checked by `mirasc kernels` and its CI test). Where it keeps no configuration for a
+kernel the path launches (`_chunk_fit_error`), _chunked_triton refuses the sizes before any launch and
+backend="auto" runs torch. On the CPU interpreter the smallest tiles are used so tests cover several tiles."""
 
 import triton
 import triton.language as tl

@@ -1,6 +1,19 @@
 """The flash kernels of softmax memories (docs/kernels.md): the forward with the online softmax over key tiles
 (causal, windowed, with a decay bias c and attention sinks), the backward's dk/dv over query tiles and its dq
-over key tiles; never a T x T matrix in memory."""
+over key tiles; never a T x T matrix in memory. The spec's mask (the module's CAUSAL and WINDOW) reaches the
+visibility test, `_visible_tile`, as constexprs.
+
+A decaying memory (DECAY_) adds log a_ts = c_t − c_s to each logit, c the running sum of log α over
+the sequence (one fp32 value per token, computed outside); its gradient is one value per token too.
+Precision: fp16/bf16 inputs enter every tl.dot in their own dtype (q, k, v, dO as loaded; the
+probabilities P and dS rounded to it before their products, as FlashAttention-2 does), fp32 inputs
+with input_precision="ieee" (exact fp32 products, no TF32); the products accumulate in fp32 and the
+softmax statistics (running max, sum, logsumexp) and dS are fp32. Exponentials are base 2 with log2(e)
+folded into the logit scale; the logsumexp is stored in natural log. Only the key (query) tiles that
+straddle the causal diagonal, the window's edge or the end of the sequence evaluate the visibility
+test. Sequences packed along time (cu_seqlens, VARLEN_) share one launch: the grid's second axis is (sequence,
+head) and each program moves its base pointers to its sequence. Runs on the CPU under TRITON_INTERPRET=1 (set
+before triton is imported)."""
 
 import triton
 import triton.language as tl

@@ -1,6 +1,8 @@
 """The momentum delta rule's scan kernels over the state [W, S] (docs/semantics.md, the momentum learner), forward
 and reverse: the sequential part of its chunked path; the emitted module prepares their inputs and computes the
-chunk-parallel parts in torch."""
+chunk-parallel parts in torch. It does not run on the chunk form of the other families: its state [W, S] mixes W
+and S through a 2x2 factor per token, so it has these scans over (W, S) of its own, and the outputs are torch matmuls
+on the chunk states they store (_chunked_triton, mirasc.runtime.momentum_host)."""
 
 import triton
 import triton.language as tl

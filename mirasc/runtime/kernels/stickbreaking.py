@@ -1,6 +1,18 @@
 """The stick-breaking attention kernels (Tan et al. 2024; docs/semantics.md): the forward, whose weights are
 σ(z_ts) times the sticks of the later visible keys, walking key tiles from the query's own backwards, and the
-backward's dq and dk/dv."""
+backward's dq and dk/dv; never a T x T matrix in memory. The spec's window and whether a query reads its own pair
+(the module's WINDOW and ATTEND_CURRENT) reach the visibility test, `_sb_visible`, as constexprs.
+
+With z = scale·q_t·k_s, β = σ(z), log β = z − softplus(z) and log(1 − β) = −softplus(z); the weight of a visible
+pair is
+  log w_ts = log β_ts + Σ_{l>s visible} log(1 − β_tl)
+and the stick left over is r_t = exp(Σ_{l visible} log(1 − β_tl)). Each query block walks its key tiles from the
+newest back, carrying per row the log of the stick left, Σ log(1 − β) over the keys already passed; inside a tile
+the same sum over the tile's later keys is a reversed cumulative sum. The backward carries the matching sum of the
+weights' gradients the same way (derivation in _sb_bwd_dq). Precision as the softmax flash kernels: fp16/bf16
+operands in the dots, fp32 accumulation and fp32 sticks; fp32 inputs with exact fp32 dots. Packed sequences
+(cu_seqlens, VARLEN_) share one launch, a program per (block, sequence, head). Runs on the CPU under
+TRITON_INTERPRET=1 (set before triton is imported)."""
 
 import triton
 import triton.language as tl
