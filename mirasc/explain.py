@@ -243,7 +243,7 @@ class _RetentionText:
     def __init__(self, spec: S.Spec, d: Derivation, latex: bool):
         par = spec.parallel
         self.r, self.d, self.latex = spec.retention, d, latex
-        self.chunk = par.kind == "minibatch" and par.readout == "chunk"
+        self.chunk = par.chunk_readout
         self.C = getattr(par, "C", None)
 
     def step(self) -> list[str]:

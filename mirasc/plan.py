@@ -137,7 +137,7 @@ def plan(spec: S.Spec, d: D.Derivation, forward: ir.Graph | None, grad: ir.Graph
     spec = spec.inner_spec()
     kind, no_chunk = chunk_form(spec, grad)
     par = spec.parallel
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"
+    chunk_readout = par.chunk_readout
     lq_scale = chunk_readout and spec.retention.kind == "lq"
     kernels = Kernels(spec, d, forward, grad)
     features = feature_spec(spec) if not chunk_readout else None
@@ -399,7 +399,7 @@ def one_chunk_op(spec: S.Spec, family: str) -> bool:
     if family != "delta":
         return False
     r = spec.retention
-    return sides.get("alpha") != "k" or (r.kind == "decay" and r.order == "pre" and sides.get("eta") != "k")
+    return sides.get("alpha") != "k" or (r.decays_first and sides.get("eta") != "k")
 
 
 def minibatch_reason(spec: S.Spec) -> str | None:

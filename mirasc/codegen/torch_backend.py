@@ -44,7 +44,7 @@ def layer_source(spec: S.Spec, d: D.Derivation) -> str:
     positive = ("softmax" if spec.retention.kind == "kl" else "exp") if d.positive_domain else None
     defaults = spec.layer_defaults()  # the layer block over the family defaults (MLP memories, attention)
     par = spec.parallel
-    lq_chunk = par.kind == "minibatch" and par.readout == "chunk" and spec.retention.kind == "lq"
+    lq_chunk = par.chunk_readout and spec.retention.kind == "lq"
     unread = spec.weights if lq_chunk else ()
     unread += ("A",) if spec.precond else ()  # the preconditioner's statistic: a sum of squares from 0
     schema = "{\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in layer_options.schema().items()) + "}"
@@ -286,13 +286,13 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
     added from the Plan by _triton_flags)."""
     m, r, l, par = spec.memory, spec.retention, spec.learner, spec.parallel
     channel_decay = channel_decay_side(spec)
-    chunk_readout = par.kind == "minibatch" and par.readout == "chunk"  # docs/semantics.md: chunk readouts (lq or kl)
+    chunk_readout = par.chunk_readout  # docs/semantics.md: chunk readouts (lq or kl)
     return {
         "chunked": kind is not None,  # a chunked form exists (CHUNKED; algorithm='chunked' is refused otherwise)
         "chunk_lq": chunk_readout and r.kind == "lq",
         "chunk_kl": chunk_readout and r.kind == "kl",
         "token_readout": r.mapped and not chunk_readout,
-        "pre_decay": r.kind == "decay" and r.order == "pre",
+        "pre_decay": r.decays_first,
         "muon": l.kind == "muon",
         "omega": spec.window > 1,
         "poly_features": bool(spec.poly_degree),
@@ -335,7 +335,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
-        "MINIBATCH": str(par.C) if par.kind == "minibatch" else "None",
+        "MINIBATCH": repr(par.size or None),
         "RESIDUAL": repr(spec.memory.adds_input),
         "ERASE_WRITE": repr(spec.generalized_delta == "erase"),
         "ELEMENTWISE": _elementwise(spec, d),

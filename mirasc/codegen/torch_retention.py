@@ -225,7 +225,7 @@ def for_spec(spec: S.Spec, entrywise: bool) -> Plain:
     r, par = spec.retention, spec.parallel
     if not r.mapped:
         return Decay(spec) if r.kind == "decay" else Plain(spec)
-    if par.kind == "minibatch" and par.readout == "chunk":
+    if par.chunk_readout:
         return {"lq": ChunkLq, "kl": ChunkKL}[r.kind](spec)
     if entrywise:
         return Entrywise(spec)

@@ -44,7 +44,7 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "gdelta_write": spec.generalized_delta == "erase",
              "chunk_scores": family in ("delta", "gdelta"),
              "implicit": spec.learner.kind == "implicit", "has_alpha": r.kind == "decay",
-             "pre_decay": r.kind == "decay" and r.order == "pre",
+             "pre_decay": r.decays_first,
              "ch_alpha": sides.get("alpha") == "k", "ch_eta": sides.get("eta") == "k",
              "wy_kernels": family == "delta" and sides.get("alpha") != "k",  # the preparation as kernels
              "wy_scores": family == "delta" and sides.get("alpha") == "k",  # (on the scores kernels' P)

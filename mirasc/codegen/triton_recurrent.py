@@ -26,7 +26,7 @@ tile_matmul_ieee = tile_matmul(lambda a, b: f'tl.dot({a}, {b}, input_precision="
 def batched_factors(spec: S.Spec) -> int:
     """The mini-batch C when the recurrent kernels compute each chunk's gradient factors as one tile
     computation (tl.dot needs C to be a power of two >= 16), else 0 (one token at a time)."""
-    C = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    C = spec.parallel.size
     # channel-wise coefficients are loaded per token (no [BC, n] coefficient tiles); the Omega window takes c
     # factor evaluations per token, one at a time
     if spec.channel_gates or spec.window > 1:
@@ -180,7 +180,7 @@ def forward_reads_state_as_anchor(spec: S.Spec) -> bool:
     """The forward kernel takes a mini-batch's batched factors at its start straight from the state (no
     anchor tile): the state then is the anchor, unless an order=pre decay scales it first."""
     r = spec.retention
-    return bool(batched_factors(spec)) and not (r.kind == "decay" and r.order == "pre")
+    return bool(batched_factors(spec)) and not (r.decays_first)
 
 
 # ---- bookkeeping

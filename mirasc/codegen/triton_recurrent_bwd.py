@@ -52,7 +52,7 @@ class _Backward:
                  seg: int):
         r, l = spec.retention, spec.learner
         self.spec, self.d, self.r, self.coef_order, self.seg = spec, d, r, coef_order, seg
-        self.mom, self.mb = l.kind == "momentum", (spec.parallel.C if spec.parallel.kind == "minibatch" else 0)
+        self.mom, self.mb = l.kind == "momentum", (spec.parallel.size)
         self.map = triton_retention.for_spec(spec, d)  # the readout map's printer (None: the weights are the state)
         self.store_acc = r.keeps_accumulator
         self.write = spec.generalized_delta == "erase"  # l2(erase=kappa): the update adds v kᵀ outside the factors
@@ -207,7 +207,7 @@ class _Backward:
             if mb:
                 lines.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
             lines.append(f"w_prev{i} = w{i}")
-            lines.append(f"w_dec{i} = c_alpha * w{i}" if r.kind == "decay" and r.order == "pre" else f"w_dec{i} = w{i}")
+            lines.append(f"w_dec{i} = c_alpha * w{i}" if r.decays_first else f"w_dec{i} = w{i}")
         at = [f"anchor{i}" if mb else f"w_dec{i}" for i in range(self.n_w)]
         if self.window > 1:  # the Omega rule: grad<i> = Σ_j γ_j δ_ij x_ijᵀ, the factors kept for the reverse
             lines += window_factor_lines(self.spec, self.grad, self.coef_order, at)
@@ -228,7 +228,7 @@ class _Backward:
                 lines.append(f"y_prev{i} = y{i}")
                 lines.append(f"y{i} = c_alpha * y{i} + upd{i}" if r.gated else f"y{i} = y{i} + upd{i}")
                 lines += self.map.readout(i)
-            elif r.kind == "decay" and r.order == "post":
+            elif r.decays_last:
                 lines.append(f"w{i} = c_alpha * w{i} + upd{i}")
             else:
                 lines.append(f"w{i} = w_dec{i} + upd{i}")
@@ -275,7 +275,7 @@ class _Backward:
             if r.gated:
                 return lines + [self.dcoef("alpha", f"dyv{i} * y_prev{i}"), f"dy{i} = c_alpha * dyv{i}"]
             return lines + [f"dy{i} = dyv{i}"]
-        if r.kind == "decay" and r.order == "post":
+        if r.decays_last:
             return [f"dupd{i} = dw{i}", self.dcoef("alpha", f"dw{i} * w_prev{i}"),
                     f"dw_dec{i} = c_alpha * dw{i}"]  # W_t = α W_{t-1} + upd; the gradient read W_{t-1}
         return [f"dupd{i} = dw{i}", f"dw_dec{i} = dw{i}"]
@@ -319,7 +319,7 @@ class _Backward:
         if self.write:  # the write v kᵀ (linear memory: weight 0): dv += dU k, dk += dUᵀ v (a partial sum over V tiles)
             lines += ["dk = dk + tl.sum(dupd0 * v[:, None], axis=0)", "dv = dv + tl.sum(dupd0 * k[None, :], axis=1)"]
         for i in range(self.n_w):
-            if r.kind == "decay" and r.order == "pre":
+            if r.decays_first:
                 lines += [self.dcoef("alpha", f"dw_dec{i} * w_prev{i}"), f"dw{i} = c_alpha * dw_dec{i}"]
             else:  # post decay: already scaled; readouts: the read of R(y_{t-1}) reaches y at token t-1
                 lines.append(f"dw{i} = dw_dec{i}")
@@ -375,7 +375,7 @@ class _Backward:
         the anchor's cotangent, which joins dW (the anchor is the state before this token)."""
         r, lines = self.r, []
         for i, (rw, cl) in enumerate(self.wdims):
-            if r.kind == "decay" and r.order == "pre":
+            if r.decays_first:
                 lines += [f"dc_alpha = dc_alpha + tl.sum(tl.sum(dw_dec{i} * w_prev{i}, axis=1), axis=0)",
                           f"dw{i} = c_alpha * dw_dec{i}"]
             else:

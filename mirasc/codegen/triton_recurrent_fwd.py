@@ -29,7 +29,7 @@ from .triton_recurrent import (
 def emit_forward(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_order: list[str]) -> str:
     """Source of `_fused_recurrent_fwd`."""
     n_w = len(spec.weight_dims())
-    mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    mb = spec.parallel.size
     # the anchor tile: with batched factors (computed at the mini-batch start, from the state as it is then)
     # the forward needs none, unless an order=pre decay changes the state before the factors are taken
     keep_anchor = bool(mb) and not forward_reads_state_as_anchor(spec)
@@ -66,14 +66,14 @@ def _token_step(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, 
     """The loop body for token t: load it, update the state, read and store the output."""
     r = spec.retention
     n_w = len(spec.weight_dims())
-    mb = spec.parallel.C if spec.parallel.kind == "minibatch" else 0
+    mb = spec.parallel.size
     vectors = vector_coefficients(spec)
     loop = load_token([n for n in coef_order if n not in vectors], vectors)
     if mb:
         loop.append(f"new_chunk = (t % {mb}) == 0")
         for i in range(n_w if keep_anchor else 0):
             loop.append(f"anchor{i} = tl.where(new_chunk, w{i}, anchor{i})")
-    if r.kind == "decay" and r.order == "pre":
+    if r.decays_first:
         for i in range(n_w):
             loop.append(f"w{i} = c_alpha * w{i}")
     at = [f"anchor{i}" if keep_anchor else f"w{i}" for i in range(n_w)]
@@ -104,7 +104,7 @@ def _update(spec: S.Spec, d: Derivation, i: int, delta: str | None, inp: str | N
         lines.append(f"upd{i} = -c_eta * grad{i}")
     if spec.generalized_delta == "erase":  # the write v kᵀ at unit rate (the gradient factors are the erase)
         lines.append(f"upd{i} = upd{i} + v[:, None] * k[None, :]")
-    if r.kind == "none" or (r.kind == "decay" and r.order == "pre"):
+    if r.kind == "none" or r.decays_first:
         lines.append(f"w{i} = w{i} + upd{i}")
     elif r.kind == "decay":
         lines.append(f"w{i} = c_alpha * w{i} + upd{i}")

@@ -116,7 +116,7 @@ def _check_implicit(spec: Spec) -> None:
 
 def _check_pre_decay(spec: Spec) -> None:
     r, par = spec.retention, spec.parallel
-    if r.kind == "decay" and r.order == "pre" and par.kind == "minibatch":
+    if r.decays_first and par.kind == "minibatch":
         raise Rejection("retention", "`order=pre` decays the state before taking the gradient there, but under "
                         "`minibatch(C)` the gradient is taken at the chunk's anchor state; use `order=post`",
                         param="order")
@@ -124,7 +124,7 @@ def _check_pre_decay(spec: Spec) -> None:
 
 def _check_chunk_readout(spec: Spec) -> None:
     r, par = spec.retention, spec.parallel
-    if par.kind == "minibatch" and par.readout == "chunk" and r.kind not in ("lq", "kl"):
+    if par.chunk_readout and r.kind not in ("lq", "kl"):
         why = ("its weights are already linear in the updates" if r.linear
                else "no chunk form is defined for it")
         raise Rejection("parallel", f"`readout=chunk` applies a retention's nonlinear map (lq's q-norm, kl's softmax) "
@@ -313,7 +313,7 @@ def _check_omega(spec: Spec) -> None:
         raise Rejection("learner", f"`lr={l.lr}` is folded into each token's loss, so over an Omega window it would "
                         "weigh token i's loss by η_i rather than step t's η_t: use `lr=gate` (the window's per-token "
                         "weights are `gamma`)", param="lr")
-    if par.kind == "minibatch" and par.readout == "chunk":
+    if par.chunk_readout:
         raise Rejection("parallel", "readout=chunk (lq/kl chunk readouts) is not defined with an Omega window: use "
                         "readout=token", param="readout")
 
@@ -352,7 +352,7 @@ def _check_muon(spec: Spec) -> None:
         raise Rejection("learner", f"`lr={l.lr}` would weigh the loss per channel before the momentum is "
                         "orthogonalised, and Newton–Schulz mixes the channels again; muon's η_t scales the "
                         "orthogonalised step: write `lr=gate`", param="lr")
-    if par.kind == "minibatch" and par.readout == "chunk":
+    if par.chunk_readout:
         raise Rejection("parallel", "readout=chunk (lq/kl) is not defined with muon: use readout=token",
                         param="readout")
 
@@ -385,7 +385,7 @@ def _check_precond(spec: Spec) -> None:
         raise Rejection("bias", "an Omega window with `precond`: the preconditioned rate is a key-channel learning "
                         "rate, and over a window it would weigh token i's loss by step t's multiplier; use window=1",
                         param="window")
-    if par.kind == "minibatch" and par.readout == "chunk":
+    if par.chunk_readout:
         raise Rejection("parallel", "readout=chunk (lq/kl) is not defined with `precond`: use readout=token",
                         param="readout")
     if l.lr == GATE_V:

@@ -13,6 +13,8 @@ Every retention turns the learner's update U_t into the next weights. The facts:
   elastic, box; Bregman's Y_t = φ'(W_{t−1}) + U_t without α).
 - `keeps_accumulator`: Y is carried in the state beside W (A_<name>), because R cannot be inverted (lq's
   normalisation, the flat regions of elastic and box); kl and Bregman recompute Y from W (log(W/c), φ'(W)).
+- `decays_first`, `decays_last`: a decay applied before the gradient, which then sees the decayed state W_{t−1} D_t
+  (decay, order=pre), or after the update (order=post); neither for every other retention.
 - `entrywise()`: R as a SymPy expression in one accumulator entry `a`, where R acts on each entry alone
   (elastic, box); the torch and Triton paths print it, and its derivative, from this one expression.
 """
@@ -44,6 +46,8 @@ class Retention(Form):
     keeps_accumulator: ClassVar[bool] = False
     map_name: ClassVar[str] = ""   # the emitted function that applies an entrywise map R to an accumulator
     map_doc: ClassVar[str] = ""    # R in words, its docstring
+    decays_first: ClassVar[bool] = False
+    decays_last: ClassVar[bool] = False
 
     def entrywise(self) -> sp.Expr | None:
         """R(a) for a map that acts on each accumulator entry alone; None for any other retention."""
@@ -63,6 +67,14 @@ class Decay(Retention):
     order: Literal["post", "pre"] = "post"
     linear: ClassVar[bool] = True
     mapped: ClassVar[bool] = False
+
+    @property
+    def decays_first(self) -> bool:
+        return self.order == "pre"
+
+    @property
+    def decays_last(self) -> bool:
+        return self.order == "post"
 
 
 class Lq(Retention):

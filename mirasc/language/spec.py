@@ -8,7 +8,7 @@ combinations without a defined meaning) live in legality.py, each with its reaso
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +70,8 @@ UNDECLARED = {"eta": 1.0, "alpha": 1.0, "theta": 0.0}
 # --------------------------------------------------------------------------------- parallel
 class Exact(Form):
     kind: Literal["exact"] = "exact"
+    size: ClassVar[int] = 0  # the tokens whose gradients share an anchor (0: none, each token's at its own state)
+    chunk_readout: ClassVar[bool] = False
 
 
 class Minibatch(Form):
@@ -81,6 +83,16 @@ class Minibatch(Form):
 
     def hidden(self, param: str, value: Any) -> bool:
         return param == "readout" and value == "token"
+
+    @property
+    def size(self) -> int:
+        """The tokens whose gradients share an anchor: C."""
+        return self.C
+
+    @property
+    def chunk_readout(self) -> bool:
+        """The retention's map is read at chunk boundaries only (docs/semantics.md: chunk readouts)."""
+        return self.readout == "chunk"
 
 
 # The vocabulary as data: field -> form name -> model class. Positional arguments bind to the
