@@ -300,7 +300,6 @@ def _flags(spec: S.Spec, d: D.Derivation, kind: str | None) -> dict[str, bool]:
         "implicit": l.kind == "implicit",
         "layernorm": m.layernorm,
         "composite": spec.composite,
-        "hedgehog": spec.feature == "hedgehog",
         "chunk_minibatch": kind == "minibatch" and not channel_decay,
         "chunk_delta": kind == "delta" and not spec.channel_gates,
         "chunk_momentum_delta": kind == "momentum_delta",

@@ -90,10 +90,9 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     form = next((f for flag, f in forms if flags[flag]), None)  # (and its entry, `_..._chunked`)
     subs["CHUNK_FORM"] = runtime_functions("chunk_forms", ["_chunks", "_solve_unit_lower", form,
                                                           form[:-1] + "ed"]) if form else ""
-    subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features"] + (
-        ["init_params"] if flags["hedgehog"] else []) + ["_memory_state", "_public_state", "_public_shapes",
-                                                          "init_state", "apply", "_memory_widths", "_layer_cache",
-                                                          "_layer_read"])
+    subs["COMPOSITE"] = runtime_functions("composite", ["feature_dim", "_features", "init_params", "_memory_state",
+                                                        "_public_state", "_public_shapes", "init_state", "apply",
+                                                        "_memory_widths", "_layer_cache", "_layer_read"])
     readout_fn = "_lq_on_kernels" if flags["chunk_lq"] else "_kl_on_kernels"  # (a chunk readout on the kernels)
     subs.update(CHUNK_READOUT_FN=readout_fn, CHUNK_READOUT_KERNELS=runtime_functions("chunk_readouts", [readout_fn]))
     subs.update(_routes(flags))
@@ -102,8 +101,6 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
     subs["CHUNK_ENTRY"] = _chunk_entry(spec, flags, subs)
     subs["CHUNK_SECTIONS"] = _chunk_sections(spec, flags, subs)
     own = _variant_names(outer)
-    if not flags["hedgehog"]:  # (a composite memory carries an init_params of its own for a Hedgehog feature map only)
-        own = own - {"init_params"}
     subs.update(_memory_api(own, the_plan))
     subs["COEFFICIENTS"] = runtime_functions("coefficients", [n for n in ("_coefficients", "_substep_coefficients")
                                                               if n not in own])  # (a multi-step learner's: its own)
