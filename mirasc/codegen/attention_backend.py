@@ -71,7 +71,8 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "NONPARAMETRIC": runtime_source("nonparametric"),
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
         "ATTENTION_API": runtime_functions("attention_api", list(API) + ([] if has_triton else list(NO_TRITON))),
-        "OP_ID": hashlib.sha256(spec.canonical().encode()).hexdigest()[:12],
+        "OP_ID_CONSTANT": "\n".join(runtime_constants("attention_spec", {
+            "OP_ID": f'"{hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]}"'})),
         "GPU_LIMITS": runtime_source("gpu_limits"), "CUSTOM_OPS": runtime_source("custom_ops"),
         "FLASH_SPACE": runtime_source("flash_space"),
         # the kernels (mirasc/runtime/kernels/): what flash and stick-breaking share, then the read's own

@@ -234,8 +234,9 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         lrn = outer.learner
         flags.update(precond=True)
         subs["STATISTIC"] = "True"
-        subs["PRECOND"] = repr({"transform": lrn.transform, "eps": float(lrn.eps)} | (
-            {"base": float(lrn.base), "center": float(lrn.center)} if lrn.transform == "atk" else {}))
+        multiplier = {"transform": lrn.transform, "eps": float(lrn.eps)} | (
+            {"base": float(lrn.base), "center": float(lrn.center)} if lrn.transform == "atk" else {})
+        subs["PRECOND_CONSTANT"] = "\n".join(runtime_constants("memory_spec", {"PRECOND": repr(multiplier)}))
     coef_order = sorted(set(spec.gates) | set(constants) | set(per_head)) \
         + (["eta_ch"] if spec.gate_channels().get("eta") else []) \
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
@@ -329,9 +330,9 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "WEIGHTS": repr(spec.weights),
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "PER_HEAD": per_head_source(spec, none=True),
-        "FEATURE": spec.feature,
-        "NORMALIZE": repr(spec.normalized),
-        "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None",
+        "COMPOSITE_CONSTANTS": "\n".join(runtime_constants("composite", {  # (a composite memory's section)
+            "FEATURE": f'"{spec.feature}"', "NORMALIZE": repr(spec.normalized),
+            "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None"})),
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
         "MINIBATCH": repr(par.size or None),
@@ -352,7 +353,6 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
         "WEIGHT_INIT": f'"{init}"',
         "POLY_DEGREE": str(spec.poly_degree),
-        "PRECOND": "None",
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..language import spec as S
 from ..plan import Plan
-from .standalone import runtime_functions, runtime_names, runtime_source
+from .standalone import runtime_constants, runtime_functions, runtime_names, runtime_source
 
 # The Layer's decoding hooks (mirasc.runtime.layer has a plain memory's) and the runtime module of each variant that
 # defines some of its own, which that variant's section of the emitted module carries
@@ -110,10 +110,9 @@ def pieces(outer: S.Spec, spec: S.Spec, flags: dict[str, bool], the_plan: Plan) 
 def _chunk_sections(spec: S.Spec, flags: dict[str, bool], subs: dict[str, str]) -> str:
     """The torch chunked algorithm's pieces the spec's form needs, each section under its banner."""
     order = spec.retention.order if spec.retention.kind == "decay" else "none"
-    channel_constants = (
-        f"CHANNEL_K_FAST = {flags['channel_k_fast']!r}  # α over key channels, no momentum, an identity read: "
-        "log-space scores\nCHANNEL_READ = " + ("_token_read" if flags["token_readout"] else "None")
-        + "  # a nonlinear readout's per-token read (None: the identity, masked matmuls)")
+    channel_constants = "\n".join(runtime_constants("memory_spec", {  # (the channel-wise chunked form's choices)
+        "CHANNEL_K_FAST": repr(flags["channel_k_fast"]),
+        "CHANNEL_READ": "_token_read" if flags["token_readout"] else "None"}))
     sections = []
     for flag, banner, slots in CHUNK_SECTIONS:
         if not flags[flag]:

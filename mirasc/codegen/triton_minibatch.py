@@ -51,7 +51,7 @@ from ..derive import Derivation
 from ..language import spec as S
 from ..plan import minibatch_reason
 from . import triton_minibatch_stream as stream
-from .standalone import kernels_source, runtime_source
+from .standalone import kernels_source, runtime_constants, runtime_source
 from .triton_printing import BLOCK, SIZE, Unsupported, graph_lines, indent, jit_kernel, tile_matmul
 from .triton_recurrent import vector_coefficients
 
@@ -92,8 +92,9 @@ def emit_minibatch(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Grap
     fwd_src, fwd_scratch = stream.emit_forward(spec, forward, grad, coef_order, dual.vecs)
     bwd_src, bwd_scratch = stream.emit_backward(spec, forward, grad, coef_order, dual.vecs)
     kernels += "\n" + fwd_src + "\n" + bwd_src
+    constants = runtime_constants("minibatch_spec", {"_MB_DECAY": repr(spec.retention.kind == "decay")})
     return (TEMPLATE.replace("{{MB_DOTS}}\n", kernels_source("minibatch") + "\n")
-            .replace("{{KERNELS}}", kernels).replace("{{MB_DECAY}}", repr(spec.retention.kind == "decay"))
+            .replace("{{KERNELS}}", kernels).replace("{{MB_CONSTANTS}}", "\n".join(constants))
             .replace("{{MINIBATCH_HOST}}", runtime_source("minibatch_host"))
             .replace("{{SCRATCH_FWD}}", fwd_scratch).replace("{{SCRATCH_BWD}}", bwd_scratch))
 

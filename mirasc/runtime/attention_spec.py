@@ -38,7 +38,7 @@ SINK = False
 # never a product of many α.
 DECAY = None
 
-OP_ID = "0123456789ab"  # the Triton ops' names: mirasc::<kind>_<OP_ID>, the spec's hash
+OP_ID = "0123456789ab"  # this module's ops: mirasc::<kind>_<OP_ID>, the spec's hash
 
 
 def _per_head_coefficients(H, device):

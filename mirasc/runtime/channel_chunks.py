@@ -7,8 +7,9 @@ with D the retention's and M the momentum's channel segment products (∘ broadc
 mirasc.runtime.chunk_forms._channel_chunk_form)."""
 
 from .chunk_forms import _channel_chunk_form
-from .memory_hooks import CHANNEL_K_FAST, CHANNEL_READ, CHANNEL_SIDE, _memory_forward, _memory_grad, _readout
+from .memory_hooks import _memory_forward, _memory_grad, _readout
 from .memory_ops import _per_token
+from .memory_spec import CHANNEL_K_FAST, CHANNEL_READ, CHANNEL_SIDE
 
 
 def _token_read(acc, qc):

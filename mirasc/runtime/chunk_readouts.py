@@ -7,8 +7,10 @@ examples."""
 
 import torch
 
-from .memory_hooks import _MOMENTUM, WEIGHTS, _finish, _lag_step, _lq_norm
+from .memory_hooks import _finish, _lag_step, _lq_norm
 from .memory_ops import _token_coefs
+from .memory_spec import WEIGHTS
+from .recurrent_spec import _MOMENTUM
 
 
 def _lq_on_kernels(q, k, v, c, state, chunk, prec, run):

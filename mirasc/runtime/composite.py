@@ -15,8 +15,8 @@ from .memory_hooks import _apply_memory, _coefficients, _init_memory_state, _sta
 from .token_step import _read_tokens
 
 FEATURE = "elu1"  # the feature map φ: "identity", "elu1", "taylor" (Based) or "hedgehog"
-NORMALIZE = True  # the normaliser: o_t = W_t φ(q_t) / (z_t·φ(q_t) + NORM_EPS)
-NORM_EPS = 1e-6
+NORMALIZE = True  # the normaliser: the read divides by z_t·φ(q_t) + NORM_EPS
+NORM_EPS = 1e-6  # o_t = W_t φ(q_t) / (z_t·φ(q_t) + NORM_EPS) with the normaliser
 
 
 def feature_dim(d_k):

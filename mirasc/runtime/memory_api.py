@@ -12,8 +12,8 @@ import torch
 import triton
 
 from .inputs import _check_dtypes, _check_triton_device, _check_types, _extra_inputs
-from .memory_hooks import WEIGHTS, _chunk_readout_triton, _chunked, _coefficients, _init_memory_state, _state_shapes
-from .memory_spec import EXTRAS, HALF_IN_PLACE, PACKED, POSITIVE_WEIGHTS, RESIDUAL
+from .memory_hooks import _chunk_readout_triton, _chunked, _coefficients, _init_memory_state, _state_shapes
+from .memory_spec import EXTRAS, HALF_IN_PLACE, PACKED, POSITIVE_WEIGHTS, RESIDUAL, WEIGHTS
 from .minibatch_host import _minibatch_triton
 from .momentum_host import _chunked_triton
 from .packing import _packed, _packed_padded

@@ -7,20 +7,7 @@ be imported, and unit-tested against token recurrences with these examples in pl
 import torch
 
 from .chunk_forms import _delta_chunks
-
-WEIGHTS = ("W",)  # the memory's weights, in the order of its lists
-# The Omega rule's window (docs/semantics.md): each step's loss sums the last WINDOW tokens' losses, token i weighted
-# by γ_i; the coefficients a window token keeps.
-WINDOW = 3
-WINDOW_COEFS = ("gamma", "eta")
-WINDOW_STATE = ("win_k", "win_v") + tuple("win_" + n for n in WINDOW_COEFS)  # the window's state keys
-# Channel-wise decays of the mini-batch form (docs/semantics.md: channel-wise gates): the weight side they scale ("k"
-# columns, "v" rows); the log-space path (α over key channels, no momentum, an identity read); the per-token read of a
-# nonlinear readout (mirasc.runtime.channel_chunks._token_read), None: the identity.
-CHANNEL_SIDE = "k"
-CHANNEL_K_FAST = False
-CHANNEL_READ = None
-_MOMENTUM = False  # learner=momentum: a momentum S per weight (the Triton sections' flag)
+from .memory_spec import WEIGHTS
 
 
 def _memory_forward(layer, x):

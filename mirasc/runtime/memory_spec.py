@@ -37,9 +37,9 @@ STATISTIC = False
 
 WEIGHT_INIT = "normal"  # a weight's default initial value: "zeros", "normal" (N(0, 1/fan_in)) or "softmax"
 POSITIVE_SCALE = 1.0  # (the rows of "softmax": c·softmax(3·N(0, 1)), c = POSITIVE_SCALE)
-WINDOW = 1  # the Omega rule's c: each step's loss sums the last WINDOW tokens' losses, token i weighted by γ_i
-WINDOW_COEFS = ()  # the per-token coefficients a window token keeps (γ and those its loss reads)
-WINDOW_STATE = ()  # state keys of the carried window
+WINDOW = 3  # the Omega rule's c: each step's loss sums the last WINDOW tokens' losses, token i weighted by γ_i
+WINDOW_COEFS = ("gamma", "eta")  # the per-token coefficients a window token keeps (γ and those its loss reads)
+WINDOW_STATE = ("win_k", "win_v", "win_gamma", "win_eta")  # state keys of the carried window
 
 # The constants of some choices only (each module has those of its spec's).
 
@@ -52,6 +52,9 @@ HALF_DOTS = "input"  # schedule: how fp16/bf16 inputs' Triton dots multiply (see
 
 CHANNEL_SIDE = "k"  # the weight side the channel-wise decays scale: "k" columns, "v" rows
 
+CHANNEL_K_FAST = False  # α over key channels, no momentum, an identity read: log-space scores
+CHANNEL_READ = None  # a nonlinear readout's per-token read (None: the identity, masked matmuls)
+
 POLY_DEGREE = 2  # p of the memory's polynomial feature map φ_p
 
 KL_C = 1.0  # kl's c: each row of the weights sums to c
@@ -61,9 +64,7 @@ LQ_Q = 4.0  # lq's q: the weights are the accumulator over its q-norm, A / ‖A�
 NS_STEPS = 5  # Newton–Schulz iterations of muon's orthogonalisation
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # the quintic's (a, b, c) of Muon (Jordan et al. 2024)
 
-# The preconditioned learner's multiplier: its transform ("rms" or "atk") and constants (docs/semantics.md,
-# "Preconditioned learner").
-PRECOND = {"transform": "rms", "eps": 1e-6}
+PRECOND = {"transform": "rms", "eps": 1e-6}  # the multiplier's transform ("rms" or "atk") and constants
 
 # The Layer's (mirasc.runtime.layer), in every module.
 

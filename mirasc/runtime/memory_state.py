@@ -10,15 +10,7 @@ import math
 
 import torch
 
-from .memory_hooks import (
-    WEIGHTS,
-    WINDOW,
-    WINDOW_COEFS,
-    WINDOW_STATE,
-    _accumulators,
-    _initial_accumulator,
-    _weight_shapes,
-)
+from .memory_hooks import _accumulators, _initial_accumulator, _weight_shapes
 from .memory_spec import (
     ACCUMULATORS,
     GATE_CHANNELS,
@@ -27,6 +19,10 @@ from .memory_spec import (
     RESIDUAL,
     STATISTIC,
     WEIGHT_INIT,
+    WEIGHTS,
+    WINDOW,
+    WINDOW_COEFS,
+    WINDOW_STATE,
 )
 
 

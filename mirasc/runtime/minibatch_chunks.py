@@ -11,18 +11,9 @@ weights of the chunk (nonlinear per-token readouts). The memory's own functions 
 import torch
 
 from .chunk_forms import _chunk_matrices, _dual_form
-from .memory_hooks import (
-    WINDOW,
-    WINDOW_COEFS,
-    _finish,
-    _lag_step,
-    _lq_norm,
-    _memory_forward,
-    _memory_grad,
-    _readout,
-    _start,
-)
+from .memory_hooks import _finish, _lag_step, _lq_norm, _memory_forward, _memory_grad, _readout, _start
 from .memory_ops import _newton_schulz, _per_token, _token_coefs
+from .memory_spec import WINDOW, WINDOW_COEFS
 from .segments import _segment_products
 
 

@@ -11,7 +11,7 @@ OP_ID = "0123456789ab"  # the ops' names: mirasc::<kind>_<OP_ID>, the spec's has
 _COEF_ORDER = ["alpha", "eta", "theta"]  # the per-token coefficients, in the kernels' order
 _VECTOR_COEFS = {}  # channel-wise coefficients (name -> side), passed to the kernels as vectors
 _MOMENTUM = True  # learner=momentum: a momentum S per weight
-_MB_DECAY = True  # retention=decay: α per token
+_MB_DECAY = True  # retention=decay: α per token (else none)
 _WINDOW = 1  # the Omega rule's c (1: none): kernel rows per token
 
 

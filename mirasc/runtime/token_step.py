@@ -16,18 +16,9 @@ The rest is the spec's constants (MINIBATCH, WINDOW_COEFS, ERASE_WRITE), the mem
 
 import torch
 
-from .memory_hooks import (
-    WINDOW_COEFS,
-    _before_gradient,
-    _finish,
-    _learn,
-    _memory_forward,
-    _memory_grad,
-    _retain,
-    _start,
-)
+from .memory_hooks import _before_gradient, _finish, _learn, _memory_forward, _memory_grad, _retain, _start
 from .memory_ops import _dense, _on_weight, _token_coefs
-from .memory_spec import ERASE_WRITE, KL_C, MINIBATCH
+from .memory_spec import ERASE_WRITE, KL_C, MINIBATCH, WINDOW_COEFS
 
 
 def _per_row(first, new, old):

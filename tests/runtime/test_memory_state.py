@@ -38,16 +38,16 @@ def test_the_default_state_draws_each_weight_and_its_accumulator(monkeypatch):
     """init_state: each weight as WEIGHT_INIT draws it, stored as the retention's accumulator where it keeps one and
     read through it (the example retention: A_W drawn, W = A_W / (1 + |A_W|)); momentum buffers, the statistic and
     the Omega window at zero; the same state twice without a generator (seed 0); residual memories need d_k == d_v."""
-    from mirasc.runtime import memory_hooks
+    from mirasc.runtime import memory_hooks, memory_spec
 
     monkeypatch.setattr(ms, "STATISTIC", True)
     state = ms._init_memory_state(2, 3, 4, 5, dtype=torch.float32)
-    assert list(state) == ["A_W", "W", "S_W", "A", *memory_hooks.WINDOW_STATE]  # (the example's Omega window too)
+    assert list(state) == ["A_W", "W", "S_W", "A", *memory_spec.WINDOW_STATE]  # (the example's Omega window too)
     assert state["W"].shape == (2, 3, 5, 4) and state["A"].shape == (2, 3, 4)
     assert torch.allclose(state["W"], memory_hooks._readout(state["A_W"].double()).float())
     assert state["A_W"].std() > 0.3  # drawn N(0, 1/fan_in) ("normal"), fan_in 4
-    assert not any(state[n].any() for n in ("S_W", "A", *memory_hooks.WINDOW_STATE))
-    assert state["win_k"].shape == (2, 3, memory_hooks.WINDOW - 1, 4)
+    assert not any(state[n].any() for n in ("S_W", "A", *memory_spec.WINDOW_STATE))
+    assert state["win_k"].shape == (2, 3, memory_spec.WINDOW - 1, 4)
     again = ms._init_memory_state(2, 3, 4, 5, dtype=torch.float32)
     assert all(torch.equal(state[n], again[n]) for n in state)
     other = ms._init_memory_state(2, 3, 4, 5, generator=torch.Generator().manual_seed(1))
