@@ -243,7 +243,6 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     triton_section, the_plan = _triton_sections(spec, the_plan, coef_order)
     flags.update(_triton_flags(the_plan))
     subs["HALF_DOTS"] = f'"{the_plan.dots}"'
-    subs["NO_TRITON_REASON"] = the_plan.no_triton.replace('"', "'")
     subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
     # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
     subs["POSITIVE_WEIGHTS"] = repr(d.positive_domain and not flags["chunk_kl"])
@@ -252,7 +251,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
     hooks = torch_retention.hooks(retention)
     subs["UPDATE_RULE"] = torch_retention.step_functions(retention, learner)
     subs["RETENTION_STATE"] = torch_retention.state_functions(retention)
-    hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS")))
+    hooks.update(_line_slots(flags, subs.pop("CHUNK_SECTIONS"), the_plan.no_triton))
     hooks["HEADER"] = runtime_constants("memory_spec", {"SPEC": f'"""\\\n{subs["SPEC"]}"""'} | {
         name: subs[name] for name in HEADER} | {name: subs[name] for name, flag in CHOICES.items() if flags[flag]}
         | retention.header() | learner.header())
@@ -266,13 +265,13 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
             the_plan)
 
 
-def _line_slots(flags: dict[str, bool], chunk_sections: str) -> dict[str, list[str]]:
+def _line_slots(flags: dict[str, bool], chunk_sections: str, no_triton: str) -> dict[str, list[str]]:
     """The template's slots that are whole lines, or none: the imports, the optional sections, the torch chunked
     algorithm's sections and the Triton kernels' names (or why there are none)."""
     slots = {"IMPORTS": ["import functools"] if flags["chunked"] else [],
              "CHUNK_SECTIONS": chunk_sections.split("\n")[:-1],
              "TRITON_NAMES": ["_triton_kernels = {{KERNEL_PLAN}}  # launch_plan's kernels on a GPU"] if flags["triton"]
-             else ['NO_TRITON_REASON = "{{NO_TRITON_REASON}}"',
+             else runtime_constants("memory_spec", {"NO_TRITON_REASON": '"' + no_triton.replace('"', "'") + '"'}) + [
                    "# (no Triton kernel: this module imports no triton, and the route refuses backend='triton' before "
                    "these are read)", "triton = _triton_kernels = _dot_precision = None"]}
     for flag, slot, name in SECTIONS:

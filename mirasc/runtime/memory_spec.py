@@ -50,6 +50,8 @@ STEPS = 2
 
 HALF_DOTS = "input"  # schedule: how fp16/bf16 inputs' Triton dots multiply (see _dot_precision)
 
+NO_TRITON_REASON = "an example"  # why this module has no Triton kernel (a module with one has no NO_TRITON_REASON)
+
 CHANNEL_SIDE = "k"  # the weight side the channel-wise decays scale: "k" columns, "v" rows
 
 CHANNEL_K_FAST = False  # α over key channels, no momentum, an identity read: log-space scores

@@ -43,7 +43,6 @@ _FEATURES = False
 # mirasc.runtime.memory_spec), and for the functions the module prints.
 WEIGHTS = ("W",)
 CONSTANTS = {}  # coefficients that are constants in the spec
-NO_TRITON_REASON = "an example"  # why a spec has no Triton kernel (where it has none)
 
 def _weight_shapes(Dk, Dv):
     """The memory's weights' [rows, cols] at heads of Dk x Dv."""

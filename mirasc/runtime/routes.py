@@ -12,10 +12,9 @@ import triton
 
 from .chunk_host import _chunk_fit_reason, _chunk_plan
 from .launch_plan import _auto_reason, _plan
-from .memory_spec import CHUNK_READOUT, CHUNKED, DEFAULT_CHUNK, HALF_DOTS, MINIBATCH, NO_CHUNK_REASON
+from .memory_spec import CHUNK_READOUT, CHUNKED, DEFAULT_CHUNK, HALF_DOTS, MINIBATCH, NO_CHUNK_REASON, NO_TRITON_REASON
 from .minibatch_host import _mb_plan, _mb_window_error, _mb_window_fits, _minibatch_fit_reason
 from .recurrent_host import _recurrent_plan
-from .recurrent_spec import NO_TRITON_REASON
 
 
 def _dot_precision(dtype):
