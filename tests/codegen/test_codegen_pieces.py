@@ -60,9 +60,9 @@ def test_a_header_prints_the_runtime_declarations_with_the_spec_s_values():
     """An emitted module's constants come from their declaration in mirasc/runtime/ (memory_spec here): its trailing
     comment, and its group's comment block once, before the group's first constant the spec sets; an unset constant
     is left out, None keeps the declared value, a note goes right above its constant, and an undeclared name fails."""
-    state = ["# The state beside the weights: the retention's accumulators A_<weight>, momentum buffers S_<weight>, the",
-             "# preconditioner's statistic A, and the Omega window's last WINDOW − 1 tokens (WINDOW_STATE, empty "
-             "without one)."]
+    state = ["# The state beside the weights: the retention's accumulators A_<weight>, momentum buffers S_<weight>, "
+             "the", "# preconditioner's statistic A, and the Omega window's last WINDOW − 1 tokens (WINDOW_STATE, "
+             "empty without one)."]
     assert runtime_constants("memory_spec", {"STATISTIC": "True", "ACCUMULATORS": "False"}) == state + [
         "ACCUMULATORS = False", "STATISTIC = True"]
     assert runtime_constants("memory_spec", {"STATISTIC": "True"}) == state + ["STATISTIC = True"]
@@ -161,3 +161,4 @@ def test_only_a_module_whose_kernels_take_packed_sequences_carries_the_one_launc
         for piece in ("def _packed_on_kernels(", "def _packed_padded_apply(", "def _packed_padded("):
             assert (piece in out.source) == packed, (name, piece)
         assert "def _packed_per_sequence(" in out.source and "def _packed(" in out.source, name
+

@@ -5,6 +5,7 @@ dependencies (lark, sympy, pydantic, networkx) cannot be imported.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -87,11 +88,37 @@ def test_output_independent_of_hash_seed(spec_dir, tmp_path):
     lint = subprocess.run([sys.executable, "-m", "ruff", "check", "--isolated", "--no-cache", "--select", "F821",
                            "--output-format", "concise", str(outs[0])], capture_output=True, text=True, timeout=120)
     assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-1000:]
-    # and both equal what this process emits
+    # and both equal what this process emits; each module constant in them is declared in the runtime
+    declared = _runtime_declarations()
     for n in names:
         compiled = compile_text((spec_dir / f"{n}.miras").read_text(encoding="utf-8"), str(spec_dir / f"{n}.miras"))
         assert (outs[0] / f"{n}.py").read_text(encoding="utf-8") == compiled.source
         assert (outs[0] / f"{n}.ir").read_text(encoding="utf-8") == compiled.dump_ir()
+        constants = _module_constants(compiled.source)
+        assert "GATES" in constants and constants <= declared, (n, sorted(constants - declared))
+
+
+def _assigned(nodes: list[ast.stmt]) -> set[str]:
+    """The names the statements assign at their level (the branches of an `if` included)."""
+    names, nodes = set(), list(nodes)
+    while nodes:
+        node = nodes.pop()
+        nodes += node.body + node.orelse if isinstance(node, ast.If) else []
+        for target in node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]:
+            names.update(e.id for e in getattr(target, "elts", [target]) if isinstance(e, ast.Name))
+    return names
+
+
+def _runtime_declarations() -> set[str]:
+    """The top-level names the modules under mirasc/runtime/ assign."""
+    return set().union(*(_assigned(ast.parse(p.read_text(encoding="utf-8")).body)
+                         for p in (ROOT / "mirasc" / "runtime").rglob("*.py")))
+
+
+def _module_constants(source: str) -> set[str]:
+    """An emitted module's constants (its upper-case top-level names): each is printed from its declaration, with its
+    meaning, in a module under mirasc/runtime/ (codegen.standalone.runtime_constants); no template writes its own."""
+    return {n for n in _assigned(ast.parse(source).body) if re.fullmatch(r"_?[A-Z][A-Z0-9_]*", n)}
 
 
 def test_cli_entry_point_hash_seed(tmp_path):
