@@ -13,13 +13,13 @@ WEIGHTS = ()
 CONSTANTS = {}
 CHUNKED = True
 DEFAULT_CHUNK = 64  # schedule: query block of the torch path (bounds the score memory to 64 x T)
-KERNEL = "softmax"
+KERNEL = "softmax"  # the similarity: "softmax", "additive", "poly", "stickbreaking"
 SCALE = None  # None: 1/sqrt(Dk)
 DEGREE = 2  # poly kernel degree
 WINDOW = 0  # attend to the last WINDOW tokens including the current one (0: all)
 CAUSAL = True  # False: cross-attention, q and (k, v) may have different lengths
-HOPS = 1
-TYING = "adjacent"
+HOPS = 1  # MemN2N hops: u^{h+1} = u^h + o^h, the read o^h of query u^h (1: one read)
+TYING = "adjacent"  # MemN2N weight tying across hops
 TEMPORAL = 0  # temporal encoding over this many relative positions (0: off)
 SCORE_CONV = None  # (query width, key width) of the MTA key-query convolution, or None
 HEAD_MIX = 1  # MTA head-mixing group size (1: off)

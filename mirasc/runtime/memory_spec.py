@@ -1,13 +1,14 @@
 """The constants of a parametric memory's emitted module: what each means, with example values. Every emitted module
-sets its own in its header, printed from this module's declarations with the spec's values (mirasc.codegen.standalone
-`constants`, called by mirasc.codegen.torch_backend); the torch pieces (mirasc.runtime.memory_ops, token_step, ...)
-import these examples, so that they can be imported and tested as they are."""
+sets its own in its header, printed from this module's declarations with the spec's values
+(mirasc.codegen.standalone `runtime_constants`, called by mirasc.codegen.torch_backend); the torch pieces
+(mirasc.runtime.memory_ops, token_step, ...) import these examples, so that they can be imported and tested as they
+are."""
 
 SPEC = """\
 memory = linear
 bias = l2
 learner = gd(lr=gate)"""
-GATES = ("eta", "alpha")
+GATES = ("eta", "alpha")  # the gates apply takes: apply(..., gates={name: tensor})
 # Channel-wise gates (docs/semantics.md: channel-wise gates): name -> "k" ([B, T, H, Dk], key channels) or "v"
 # ([B, T, H, Dv]); the others are [B, T, H].
 GATE_CHANNELS: dict[str, str] = {}
@@ -15,7 +16,7 @@ GATE_CHANNELS: dict[str, str] = {}
 # kappa: the regression key κ of l2(read=kappa) / l2(erase=kappa), where the memory is read (and erased).
 EXTRAS = ()
 
-WEIGHTS = ("W",)
+WEIGHTS = ("W",)  # the memory's weights, in the order of its lists (the state's keys)
 # Coefficients that are constants in the spec (undeclared ones: eta = 1, alpha = 1, theta = 0).
 CONSTANTS = {"theta": 0.5}
 

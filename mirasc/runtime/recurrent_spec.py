@@ -11,10 +11,10 @@ import torch
 # declarations with the spec's values (mirasc.codegen.triton_backend); here a linear memory, l2 bias, gd.
 
 OP_ID = "0123456789ab"  # this module's Triton ops: mirasc::<kind>_<OP_ID>, the spec's hash
-_COEF_ORDER = ("eta",)
+_COEF_ORDER = ("eta",)  # the per-token coefficients (and key inputs), in the kernels' argument order
 _VECTOR_COEFS = {}  # channel-wise coefficients (name -> side), passed to the kernel as vectors
-_STORE_ACC = False
-_MOMENTUM = False
+_STORE_ACC = False  # the retention keeps an accumulator A apart from W (in the state)
+_MOMENTUM = False  # learner=momentum: a momentum S per weight
 # The backward kernel's per-token state and its checkpoint interval (a schedule choice).
 _BWD_STATE = ("w0",)
 _BWD_STATE_WEIGHT = (0,)  # which weight each of those tiles belongs to
@@ -43,6 +43,7 @@ _FEATURES = False
 # mirasc.runtime.memory_spec), and for the functions the module prints.
 WEIGHTS = ("W",)
 CONSTANTS = {}  # coefficients that are constants in the spec
+
 
 def _weight_shapes(Dk, Dv):
     """The memory's weights' [rows, cols] at heads of Dk x Dv."""

@@ -67,7 +67,8 @@ def test_a_header_prints_the_runtime_declarations_with_the_spec_s_values():
         "ACCUMULATORS = False", "STATISTIC = True"]
     assert runtime_constants("memory_spec", {"STATISTIC": "True"}) == state + ["STATISTIC = True"]
     assert runtime_constants("memory_spec", {"WEIGHTS": None, "CHUNKED": "False"}, {"CHUNKED": ["# a note"]}) == [
-        'WEIGHTS = ("W",)', "# a note", 'CHUNKED = False  # whether algorithm="chunked" exists for this spec']
+        'WEIGHTS = ("W",)  # the memory\'s weights, in the order of its lists (the state\'s keys)', "# a note",
+        'CHUNKED = False  # whether algorithm="chunked" exists for this spec']
     assert runtime_constants("memory_spec", {"LQ_Q": "2.5"}) == [
         "LQ_Q = 2.5  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"]
     with pytest.raises(KeyError, match="declares no NOT_DECLARED"):
