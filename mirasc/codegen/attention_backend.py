@@ -4,15 +4,14 @@ tying and temporal encoding, Multi-Token Attention; a flash-style Triton kernel 
 
 from __future__ import annotations
 
-import hashlib
-
 from ..derive import Derivation
 from ..explain import equations
 from ..language import spec as S
 from ..plan import Plan
 from .slots import TEMPLATES, fill_lines
-from .standalone import kernels_source, runtime_constants, runtime_doc, runtime_functions, runtime_source
+from .standalone import kernels_source, quoted, runtime_constants, runtime_doc, runtime_functions, runtime_source
 from .torch_backend import layer_source, per_head_source
+from .triton_backend import op_id
 
 TEMPLATE = (TEMPLATES / "attention_module.py.tmpl").read_text()
 TRITON = (TEMPLATES / "attention_triton.py.tmpl").read_text()
@@ -72,7 +71,7 @@ def emit(spec: S.Spec, d: Derivation, the_plan: Plan) -> tuple[str, Plan]:
         "INPUTS": runtime_source("inputs"), "LAUNCH_PLAN": runtime_source("launch_plan"),
         "ATTENTION_API": runtime_functions("attention_api", list(API) + ([] if has_triton else list(NO_TRITON))),
         "OP_ID_CONSTANT": "\n".join(runtime_constants("attention_spec", {
-            "OP_ID": f'"{hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]}"'})),
+            "OP_ID": quoted(op_id(spec))})),
         "GPU_LIMITS": runtime_source("gpu_limits"), "CUSTOM_OPS": runtime_source("custom_ops"),
         "FLASH_SPACE": runtime_source("flash_space"),
         # the kernels (mirasc/runtime/kernels/): what flash and stick-breaking share, then the read's own

@@ -64,11 +64,30 @@ def runtime_constants(name: str, values: dict[str, str], notes: dict[str, list[s
     return lines
 
 
+def runtime_value(name: str, const: str):
+    """The value mirasc/runtime/`name`.py declares for the constant `const` (a literal)."""
+    values = {c: value for c, _, value, _ in _declarations(name)}
+    if const not in values:
+        raise KeyError(f"mirasc/runtime/{name}.py declares no {const}")
+    return ast.literal_eval(values[const])
+
+
+def quoted(text: str) -> str:
+    """`text` as a double-quoted string literal of an emitted module (a reason, a choice's name): its double quotes
+    become single ones, so that the literal stays one."""
+    return '"' + text.replace('"', "'") + '"'
+
+
 def runtime_doc(name: str) -> list[str]:
     """The docstring of mirasc/runtime/`name`.py as comment lines: an emitted module's note on the pieces it carries
     from there (the kernels a family launches, what they compute, how they are split and scheduled)."""
+    return list(_doc_lines(name))
+
+
+@functools.cache
+def _doc_lines(name: str) -> tuple[str, ...]:
     doc = ast.get_docstring(ast.parse((RUNTIME / f"{name}.py").read_text(encoding="utf-8"))) or ""
-    return [f"# {line}" if line else "#" for line in doc.split("\n")]
+    return tuple(f"# {line}" if line else "#" for line in doc.split("\n"))
 
 
 @functools.cache

@@ -18,7 +18,7 @@ from ..plan import Plan, channel_decay_side, window_coefficients
 from ..printers import TorchPrinter, print_block
 from . import torch_learner, torch_pieces, torch_retention, triton_backend, triton_minibatch
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import runtime_constants, runtime_functions, runtime_source
+from .standalone import quoted, runtime_constants, runtime_functions, runtime_source
 
 TEMPLATE = (TEMPLATES / "torch_module.py.tmpl").read_text()
 LAYER = (TEMPLATES / "layer.py.tmpl").read_text()
@@ -242,7 +242,7 @@ def emit(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, the_p
         + list(spec.extras)  # (the key inputs, e.g. κ, travel to the Triton kernels with the coefficients)
     triton_section, the_plan = _triton_sections(spec, the_plan, coef_order)
     flags.update(_triton_flags(the_plan))
-    subs["HALF_DOTS"] = f'"{the_plan.dots}"'
+    subs["HALF_DOTS"] = quoted(the_plan.dots)
     subs["CHUNK_READOUT"] = repr(flags["chunk_readout_triton"])
     # the retention works with log W (a given state's weights must be > 0), except kl's chunk readout, in weight space
     subs["POSITIVE_WEIGHTS"] = repr(d.positive_domain and not flags["chunk_kl"])
@@ -271,7 +271,7 @@ def _line_slots(flags: dict[str, bool], chunk_sections: str, no_triton: str) -> 
     slots = {"IMPORTS": ["import functools"] if flags["chunked"] else [],
              "CHUNK_SECTIONS": chunk_sections.split("\n")[:-1],
              "TRITON_NAMES": ["_triton_kernels = {{KERNEL_PLAN}}  # launch_plan's kernels on a GPU"] if flags["triton"]
-             else runtime_constants("memory_spec", {"NO_TRITON_REASON": '"' + no_triton.replace('"', "'") + '"'}) + [
+             else runtime_constants("memory_spec", {"NO_TRITON_REASON": quoted(no_triton)}) + [
                    "# (no Triton kernel: this module imports no triton, and the route refuses backend='triton' before "
                    "these are read)", "triton = _triton_kernels = _dot_precision = None"]}
     for flag, slot, name in SECTIONS:
@@ -330,7 +330,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "CONSTANTS": repr(dict(sorted(constants.items()))),
         "PER_HEAD": per_head_source(spec, none=True),
         "COMPOSITE_CONSTANTS": "\n".join(runtime_constants("composite", {  # (a composite memory's section)
-            "FEATURE": f'"{spec.feature}"', "NORMALIZE": repr(spec.normalized),
+            "FEATURE": quoted(spec.feature), "NORMALIZE": repr(spec.normalized),
             "NORM_EPS": repr(float(spec.memory.eps)) if spec.memory.kind == "linear" else "None"})),
         "CHUNKED": repr(kind is not None),
         "DEFAULT_CHUNK": "64",
@@ -342,7 +342,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "SHAPES": _weight_shapes(spec),
         "POSITIVE_SCALE": repr(float(r.c)) if r.kind == "kl" else "1.0",
         "NO_CHUNK_REASON": "None" if kind is not None else repr(reason),
-        "CHANNEL_SIDE": f'"{channel_decay_side(spec) or ""}"',
+        "CHANNEL_SIDE": quoted(channel_decay_side(spec) or ""),
         "STEPS": str(spec.steps),
         "WINDOW": str(spec.window),
         "WINDOW_COEFS": repr(window),
@@ -350,7 +350,7 @@ def _slots(spec: S.Spec, d: D.Derivation, forward: ir.Graph, grad: ir.Graph, kin
         "ACCUMULATORS": repr(r.keeps_accumulator),
         "MOMENTUM_BUFFERS": repr(spec.learner.momentum_buffer),
         "STATISTIC": "False",  # (a precond learner's public op sets it: emit)
-        "WEIGHT_INIT": f'"{init}"',
+        "WEIGHT_INIT": quoted(init),
         "POLY_DEGREE": str(spec.poly_degree),
     }
 

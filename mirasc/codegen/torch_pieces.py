@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..language import spec as S
 from ..plan import Plan
-from .standalone import runtime_constants, runtime_functions, runtime_names, runtime_source
+from .standalone import quoted, runtime_constants, runtime_functions, runtime_names, runtime_source
 
 # The Layer's decoding hooks (mirasc.runtime.layer has a plain memory's) and the runtime module of each variant that
 # defines some of its own, which that variant's section of the emitted module carries
@@ -174,7 +174,7 @@ def _minibatch_chunks(flags: dict[str, bool]) -> dict[str, str]:
 def _chunk_entry(spec: S.Spec, flags: dict[str, bool], subs: dict[str, str]) -> str:
     """`_chunked`: the entry of the spec's chunk form with the spec's choices bound (mirasc/runtime/chunk_forms.py, or
     the mini-batch form's chunk loop with its step and Omega window); "None" without a chunked algorithm."""
-    sides = {name: f'"{side}"' if side else "None" for name, side in spec.gate_channels().items()}
+    sides = {name: quoted(side) if side else "None" for name, side in spec.gate_channels().items()}
     features = {"features": "_poly_features"} if flags["poly_features"] else {}
     if flags["chunk_minibatch"] or flags["chunk_muon"] or flags["channel_minibatch"]:
         window = "None" if flags["channel_minibatch"] else subs["MB_WINDOW"]

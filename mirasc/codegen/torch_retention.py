@@ -61,17 +61,17 @@ class Decay(Plain):
 
     @property
     def doc(self) -> str:
-        if self.r.order == "pre":
+        if self.r.decays_first:
             return "decay, order=pre: the gradient is taken at α_t W_{t−1} and W_t = α_t W_{t−1} + U_t."
         return "decay: W_t = α_t W_{t−1} + U_t."
 
     def before_gradient(self) -> list[str]:
-        if self.r.order == "pre":
+        if self.r.decays_first:
             return ["# order=pre: decay first, take the gradient there", f"return [{ALPHA} * w for w in W]"]
         return super().before_gradient()
 
     def retain(self) -> list[str]:
-        if self.r.order == "pre":
+        if self.r.decays_first:
             return super().retain()
         return [f"return [{ALPHA} * w + update for w, update in zip(W, updates)], Y"]
 

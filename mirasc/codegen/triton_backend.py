@@ -54,7 +54,7 @@ from ..derive import Derivation
 from ..language import spec as S
 from ..plan import window_coefficients
 from .slots import fill_lines
-from .standalone import runtime_constants, runtime_source
+from .standalone import quoted, runtime_constants, runtime_source
 from .triton_chunked import emit_chunked  # noqa: F401 (the chunked families' entry point)
 from .triton_printing import Unsupported
 from .triton_recurrent import (
@@ -82,6 +82,11 @@ def emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_or
         raise Unsupported(f"{err}") from None
 
 
+def op_id(spec: S.Spec) -> str:
+    """The name of a module's Triton ops, mirasc::<kind>_<op_id>: the hash of its spec's canonical text."""
+    return hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]
+
+
 def _bwd_note(why_not: str) -> list[str]:
     """The comment over _BWD_STATE in the emitted file: which backward the spec has, and why."""
     if not why_not:
@@ -107,13 +112,13 @@ def _emit(spec: S.Spec, d: Derivation, forward: ir.Graph, grad: ir.Graph, coef_o
             raise Unsupported(f"the Omega rule needs the generated backward, and it has none here: {err}") from None
         why_not = str(err)
     header = {  # (what each means: mirasc.runtime.recurrent_spec)
-        "OP_ID": f'"{hashlib.sha256(spec.canonical().encode()).hexdigest()[:12]}"',
+        "OP_ID": quoted(op_id(spec)),
         "_COEF_ORDER": repr(tuple(coef_order)), "_VECTOR_COEFS": repr(vector_coefficients(spec)),
         "_STORE_ACC": repr(spec.retention.keeps_accumulator), "_MOMENTUM": repr(spec.learner.kind == "momentum"),
         "_BWD_STATE": repr(tuple(bwd_state)), "_BWD_STATE_WEIGHT": repr(tuple(widx(n) for n in bwd_state)),
         "_BWD_SEGMENT": str(BWD_SEGMENT), "_FACTOR_BLOCK": str(batched_factors(spec)),
         "_FACTOR_DIMS": repr(tuple(spec.weight_dims())), "_V_TILES": repr(not no_v_tiles),
-        "_V_TILE_REASON": f'"{no_v_tiles}"', "_TILES_FWD": str(live_tiles(spec, False)),
+        "_V_TILE_REASON": quoted(no_v_tiles), "_TILES_FWD": str(live_tiles(spec, False)),
         "_TILES_BWD": str(live_tiles(spec, True)), "_WINDOW": str(spec.window),
         "_WINDOW_COEFS": repr(window_coefficients(spec, grad)), "_FEATURES": repr(features)}
     subs = {

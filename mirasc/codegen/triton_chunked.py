@@ -28,7 +28,7 @@ from __future__ import annotations
 from ..language import spec as S
 from ..plan import one_chunk_op
 from .slots import TEMPLATES, fill_lines, section
-from .standalone import kernels_source, runtime_constants, runtime_doc, runtime_functions, runtime_source
+from .standalone import kernels_source, runtime_constants, runtime_doc, runtime_functions, runtime_source, runtime_value
 
 CHUNK_TEMPLATE = (TEMPLATES / "triton_chunked.py.tmpl").read_text()
 
@@ -53,15 +53,14 @@ def emit_chunked(spec: S.Spec, family: str, lq_scale: bool = False, features: bo
              "one_op": one_chunk_op(spec, family),  # (the helpers those paths share)
              "features": features,  # a feature=poly linear memory's plain copy, run on φ_p(q), φ_p(k)
              "composite": spec.composite}  # (a feature map or normaliser around the memory: o returned in fp32)
-    kernel_names = ("_chunk_state_fwd", "_chunk_output_fwd", "_chunk_du_local_bwd", "_chunk_state_bwd",
-                    "_chunk_grads_bwd") + (("_wy_fwd", "_wy_bwd") if family == "delta" else ())
     momentum = family == "momentum"  # (its own scans and run: no chunk path, no _chunk_space kernels)
     header = {name: repr(value) for name, value in {  # (what each means: mirasc.runtime.chunk_host)
         "CH_DECAY": flags["ch_alpha"], "DECAY": flags["has_alpha"], "ETA_K": flags["ch_eta"],
         "IMPLICIT": flags["implicit"], "PRE_DECAY": flags["pre_decay"], "LQ_SCALE": lq_scale,
         "COMPOSITE": flags["composite"], "_ROWS_PER_TOKEN": 2 if flags["gdelta_write"] else 1}.items()}
-    if not momentum:
-        header["_CHUNK_KERNELS"] = repr(kernel_names)
+    if not momentum:  # the five chunk kernels (chunk_host's declaration), and the delta rule's preparation
+        header["_CHUNK_KERNELS"] = repr(runtime_value("chunk_host", "_CHUNK_KERNELS")
+                                        + (("_wy_fwd", "_wy_bwd") if family == "delta" else ()))
     text = fill_lines(CHUNK_TEMPLATE, {
         "FAMILY_NOTE": runtime_doc("kernels/momentum" if momentum else "kernels/chunk"),
         "HEADER": runtime_constants("chunk_host", header),

@@ -11,7 +11,16 @@ import pytest
 import torch
 
 from mirasc.codegen.slots import TEMPLATES, fill_lines, section
-from mirasc.codegen.standalone import body, lm_source, model_source, runtime_constants, runtime_doc, runtime_source
+from mirasc.codegen.standalone import (
+    body,
+    lm_source,
+    model_source,
+    quoted,
+    runtime_constants,
+    runtime_doc,
+    runtime_source,
+    runtime_value,
+)
 from mirasc.runtime import layer_options, lm
 
 
@@ -73,6 +82,11 @@ def test_a_header_prints_the_runtime_declarations_with_the_spec_s_values():
         "LQ_Q = 2.5  # lq's q: the weights are the accumulator over its q-norm, A / ‖A‖_q^(q−2)"]
     with pytest.raises(KeyError, match="declares no NOT_DECLARED"):
         runtime_constants("memory_spec", {"NOT_DECLARED": "1"})
+    assert runtime_value("chunk_host", "_CHUNK_KERNELS")[0] == "_chunk_state_fwd"
+    assert runtime_value("memory_spec", "NS_COEFFICIENTS") == (3.4445, -4.7750, 2.0315)
+    with pytest.raises(KeyError, match="declares no NOT_DECLARED"):
+        runtime_value("memory_spec", "NOT_DECLARED")
+    assert quoted('a "reason"') == "\"a 'reason'\"" and eval(quoted('say "x"')) == "say 'x'"
 
 
 def test_a_kernel_family_s_note_is_its_runtime_module_s_docstring():
