@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from reference import REF_CONFIGS, make_inputs, make_state, reference_apply
+from test_triton_recurrent import one_launch
 
 import mirasc
 
@@ -187,7 +188,7 @@ def test_packed_sequences_in_one_launch(name):
     leaves = [v, *gates.values()]
     for x in leaves:
         x.requires_grad_(True)
-    assert mod.PACKED  # the one-launch path, not a loop
+    assert one_launch(mod, q, v, chunk_size=16)  # the one-launch path, not a loop
     o, final = mod.apply(q, k, v, gates, state=state, backend="triton", cu_seqlens=cu, chunk_size=16)
     outs = []
     for i, (a, b) in enumerate(zip(cu, cu[1:])):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_triton_recurrent import assert_compiled_matches_eager, rel
+from test_triton_recurrent import assert_compiled_matches_eager, one_launch, rel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -226,7 +226,7 @@ def test_packed_sequences_in_one_launch(name):
     q, k, v, gates, _ = inputs(mod, 1, cu[-1], 2, 16, 8)
     state = {"W": 0.3 * torch.randn(len(cu) - 1, 2, 8, 16)}
     v.requires_grad_(True)
-    assert mod.PACKED  # the one-launch path, not a loop
+    assert one_launch(mod, q, v, chunk_size=16)  # the one-launch path, not a loop
     o, final = mod.apply(q, k, v, gates, state=state, backend="triton", cu_seqlens=cu, chunk_size=16)
     for i, (a, b) in enumerate(zip(cu, cu[1:])):
         o_i, f_i = mod.apply(q[:, a:b], k[:, a:b], v[:, a:b], {n: x[:, a:b] for n, x in gates.items()},

@@ -25,6 +25,7 @@ from test_generalized_delta import (
     fla_refs,  # noqa: F401 (a fixture)
     module,
 )
+from test_triton_recurrent import one_launch
 
 import mirasc
 
@@ -92,7 +93,7 @@ def test_packed_sequences_in_one_launch(spec):
     state = {"W": 0.3 * torch.randn(len(cu) - 1, H, Dv, Dk, generator=gen)}
     v.requires_grad_(True)
     kap.requires_grad_(True)
-    assert mod.PACKED  # the one-launch path, not a loop
+    assert one_launch(mod, q, v, "chunked", 8)  # the one-launch path, not a loop
     o, final = mod.apply(q, k, v, gates, state=state, extras={"kappa": kap}, backend="triton", algorithm="chunked",
                          cu_seqlens=cu, chunk_size=8)
     ref_v, ref_kap = v.detach().double().requires_grad_(True), kap.detach().double().requires_grad_(True)

@@ -18,6 +18,7 @@ import pytest
 import torch
 from reference import make_inputs, make_state, reference_apply, rel
 from test_fla_mappings import momentum_deltanet_vs_fla
+from test_triton_recurrent import one_launch
 
 import mirasc
 
@@ -100,7 +101,7 @@ def test_packed_sequences_in_one_launch():
     gates = {n: x.requires_grad_(True) for n, x in gates.items()}
     state = {"W": 0.3 * torch.randn(len(cu) - 1, H, Dv, Dk, generator=gen),
              "S_W": 0.3 * torch.randn(len(cu) - 1, H, Dv, Dk, generator=gen)}
-    assert mod.PACKED  # the one-launch path, not a loop
+    assert one_launch(mod, q, v, "chunked", 8)  # the one-launch path, not a loop
     o, final = mod.apply(q, k, v, gates, state=state, backend="triton", algorithm="chunked", cu_seqlens=cu,
                          chunk_size=8)
     ref_v = v.detach().double().requires_grad_(True)

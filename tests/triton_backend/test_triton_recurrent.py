@@ -41,6 +41,15 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+def one_launch(mod, q, v, algorithm="auto", chunk_size=None):
+    """Whether packed sequences (cu_seqlens) of these inputs run in one launch of the module's chunk or mini-batch
+    kernels under backend='triton', not one call per sequence: the module packs (PACKED) and the call's route is its
+    chunked kernels (launch_plan, on the inputs' device and dtype)."""
+    plan = mod.launch_plan(q.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device, backend="triton",
+                           algorithm=algorithm, chunk_size=chunk_size)
+    return mod.PACKED and (plan["backend"], plan["algorithm"]) == ("triton", "chunked")
+
+
 def inputs(mod, B, T, H, Dk, Dv, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     sub = (mod.STEPS,) if hasattr(mod, "STEPS") else ()  # a multi-step learner: n keys, values, η, κ per token
